@@ -1,0 +1,3 @@
+from spbuild.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""`spbuild build`: check the machine, apply the series, configure and build, with progress and a summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from spbuild import cmake, doctor, patches, toolchain
+from spbuild.console import console, info, log_path, run_logged, warn
+from spbuild.errors import BuildError, SpbuildError, ToolMissing
+from spbuild.pin import Pin
+from spbuild.project import Project, Workspace
+
+BUILD_RECORD = "spbuild-build.json"
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+_ERROR_LINE = re.compile(r"(\berror\b:|fatal error:|CMake Error|undefined reference|ninja: error)", re.IGNORECASE)
+
+
+@dataclass
+class BuildRecord:
+    backend: str
+    build_dir: str
+    commit: str
+    patches: list[str]
+    targets: list[str]
+    artifacts: dict[str, str]
+    defines: dict[str, str]
+    shader_warning: str | None = None
+    elapsed_s: float = 0.0
+    log: str = ""
+
+    def save(self) -> None:
+        (Path(self.build_dir) / BUILD_RECORD).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, build_dir: Path) -> BuildRecord | None:
+        try:
+            return cls(**json.loads((build_dir / BUILD_RECORD).read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
+
+
+@dataclass
+class BuildRequest:
+    config: cmake.BuildConfig
+    jobs: int | None = None
+    build_dir: Path | None = None
+    skip_checks: bool = False
+    force_patch: bool = False
+    extra_notes: list[str] = field(default_factory=list)
+
+
+def first_error(lines: list[str], context: int = 4) -> str | None:
+    for index, line in enumerate(lines):
+        if _ERROR_LINE.search(line):
+            return "\n".join(lines[index : index + context])
+    return None
+
+
+def _preflight(backend: str) -> doctor.Report:
+    report = doctor.diagnose(backend, probe_device=False)
+    if report.failures:
+        lines = [f"{c.name}: {c.detail}" + "".join(f"\n      {a}" for a in c.advice()) for c in report.failures]
+        raise ToolMissing(
+            f"the {backend} build needs what this machine lacks:\n  - " + "\n  - ".join(lines),
+            hint=f"Install the above, then build again; `spbuild doctor --backend {backend}` shows the full report.",
+        )
+    return report
+
+
+def _run_with_progress(argv: list[str], log: Path, title: str) -> tuple[int, list[str]]:
+    tail: list[str] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("[dim]{task.fields[step]}"))
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(title, total=None, step="")
+
+        def on_line(line: str) -> None:
+            match = _NINJA_STEP.match(line)
+            if match:
+                done, total, what = int(match.group(1)), int(match.group(2)), match.group(3)
+                progress.update(task, completed=done, total=total, step=what[-60:])
+            else:
+                tail.append(line)
+                del tail[:-400]
+
+        code = run_logged(argv, log, on_line=on_line)
+    return code, tail
+
+
+def artifact_paths(build_dir: Path, targets: list[str]) -> dict[str, str]:
+    found = {}
+    for target in targets:
+        for candidate in (build_dir / "bin" / target, build_dir / "bin" / f"{target}.exe"):
+            if candidate.exists():
+                found[target] = str(candidate)
+    return found
+
+
+def build(project: Project, workspace: Workspace, pin: Pin, request: BuildRequest) -> BuildRecord:
+    config = request.config
+    started = time.monotonic()
+    source = workspace.source_dir
+    if not (source / ".git").exists():
+        raise SpbuildError(f"no llama.cpp source at {source}", hint="Run `spbuild fetch` first.")
+
+    report = None if request.skip_checks else _preflight(config.backend)
+    cmake_tool, ninja_tool = toolchain.cmake(), toolchain.ninja()
+    if cmake_tool is None or ninja_tool is None:
+        raise ToolMissing("CMake or Ninja is missing", hint="pip install cmake ninja")
+
+    applied = patches.apply_series(project, pin, source, force=request.force_patch)
+    for note in applied.notes:
+        warn(note)
+    info(f"series: {len(applied.applied)} patch(es) and {applied.overlay_files} overlay file(s) "
+         f"{'already applied' if applied.reused else 'applied'}")
+
+    build_dir = (request.build_dir or workspace.build_dir(config.name)).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = log_path(workspace.logs_dir, f"build-{config.name}")
+    info(f"full log: {log}")
+
+    configure = cmake.configure_argv(cmake_tool.path, ninja_tool.path, source, build_dir, config)
+    code, tail = _run_with_progress(configure, log, "configure")
+    if code != 0:
+        raise BuildError(f"CMake configure failed:\n{first_error(tail, 8) or chr(10).join(tail[-15:])}",
+                         hint=f"Full log: {log}")
+
+    targets = config.targets or cmake.default_targets(config, source)
+    code, tail = _run_with_progress(cmake.build_argv(cmake_tool.path, build_dir, targets, request.jobs), log,
+                                    f"build {' '.join(targets)}")
+    if code != 0:
+        raise BuildError(f"build failed:\n{first_error(tail) or chr(10).join(tail[-15:])}", hint=f"Full log: {log}")
+
+    record = BuildRecord(
+        backend=config.backend,
+        build_dir=str(build_dir),
+        commit=pin.commit,
+        patches=applied.applied,
+        targets=targets,
+        artifacts=artifact_paths(build_dir, targets),
+        defines=cmake.cmake_defines(config),
+        shader_warning=report.shader_warning() if report is not None else None,
+        elapsed_s=round(time.monotonic() - started, 1),
+        log=str(log),
+    )
+    record.save()
+    return record
+
+
+def find_build(workspace: Workspace, backend: str | None) -> BuildRecord:
+    """The build `spbuild test` should use: the named backend's, or the most recent one."""
+    root = workspace.root / "build"
+    candidates = [BuildRecord.load(d) for d in sorted(root.glob("*"))] if root.is_dir() else []
+    records = [r for r in candidates if r is not None and (backend is None or r.backend == backend)]
+    if not records:
+        which = f"a {backend} build" if backend else "a build"
+        raise SpbuildError(f"no {which} in {root}", hint=f"Run `spbuild build --{backend or 'vulkan'}` first.")
+    return max(records, key=lambda r: (Path(r.build_dir) / BUILD_RECORD).stat().st_mtime)

