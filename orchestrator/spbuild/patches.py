@@ -124,13 +124,14 @@ def local_work(repo: git.Repo, state: TreeState | None) -> list[str]:
 def _commit_overlay(repo: git.Repo, project: Project) -> tuple[str, int]:
     tree = Path(repo.working_tree_dir or "")
     files = overlay_files(project)
-    for rel in files:
-        dest = tree / rel
-        if dest.exists():
+    for rel in files:  # check them all before copying any: a refusal must leave the tree clean
+        if (tree / rel).exists():
             raise SpbuildError(
                 f"cpp/{rel} would overwrite upstream file {rel}",
                 hint="cpp/ holds only new files; change upstream files with a patch in patches/.",
             )
+    for rel in files:
+        dest = tree / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(project.overlay_dir / rel, dest)
     if files:
@@ -157,6 +158,26 @@ def _conflict_hunks(tree: Path, files: list[str]) -> list[str]:
     return hunks
 
 
+_PATCH_FAILED = re.compile(r"error: patch failed: (\S+):(\d+)")
+
+
+def _hunk_range(patch: Path, name: str, start: int) -> str:
+    """`name:start-end`: the lines of `name` the patch's hunk starting at `start` expects (git names only the start)."""
+    current, in_header = None, False
+    for line in patch.read_text(errors="replace").splitlines():
+        if line.startswith("diff --git "):
+            current, in_header = None, True
+        elif in_header and line.startswith("--- "):
+            current = line[4:].removeprefix("a/")
+        elif line.startswith("@@ -"):
+            in_header = False
+            match = re.match(r"@@ -(\d+)(?:,(\d+))? ", line)
+            if match and current == name and int(match.group(1)) == start:
+                count = int(match.group(2)) if match.group(2) is not None else 1
+                return f"{name}:{start}-{start + max(count, 1) - 1}"
+    return f"{name}:{start}"
+
+
 def _apply_one(repo: git.Repo, patch: Path, stop_at_conflict: bool) -> None:
     try:
         repo.git.execute(["git", *_IDENTITY, "am", "--3way", "--quiet", "--whitespace=nowarn", str(patch)])
@@ -164,13 +185,25 @@ def _apply_one(repo: git.Repo, patch: Path, stop_at_conflict: bool) -> None:
         output = f"{err.stdout}\n{err.stderr}"
         files = repo.git.diff("--name-only", "--diff-filter=U").split()
         hunks = _conflict_hunks(Path(repo.working_tree_dir or ""), files)
-        failed = re.findall(r"error: patch failed: (\S+):(\d+)", output)
-        hunks += [f"{name}:{line} (hunk does not apply)" for name, line in failed if f"{name}:" not in " ".join(hunks)]
+        failed = _PATCH_FAILED.findall(output)
+        if not files and not failed:
+            # When am cannot fall back to a 3-way merge (a shallow tree lacks the patch's base blobs) it reports
+            # only that; the plain apply's report says which hunk failed.
+            try:
+                repo.git.apply("--check", str(patch))
+            except git.GitCommandError as check:
+                output += f"\n{check.stderr}"
+                failed = _PATCH_FAILED.findall(str(check.stderr))
+        hunks += [f"{_hunk_range(patch, name, int(line))} (hunk does not apply)"
+                  for name, line in failed if f"{name}:" not in " ".join(hunks)]
         for name, _ in failed:
             if name not in files:
                 files.append(name)
         if not files:
-            files = sorted(set(re.findall(r"(?:error|CONFLICT)[^:]*: (?:patch failed: )?(\S+?)(?::\d+)?[:\s]", output)))
+            files = sorted(set(
+                re.findall(r"error: (\S+?): (?:patch does not apply|does not exist in index|already exists in)", output)
+                + re.findall(r"error: invalid object \d+ [0-9a-f]+ for '([^']+)'", output)
+            ))
         if not stop_at_conflict:
             repo.git.am("--abort")
         raise PatchConflict(patch.name, files, hunks, output) from err

@@ -221,7 +221,13 @@ def _from_sdist_file(repo: git.Repo, pin: Pin, workspace: Workspace, sdist: Path
     assert pin.pypi is not None
     verify_sdist(sdist, pin.pypi)
     bare = extract_sdist_repo(sdist, pin.pypi, workspace.downloads_dir / f"{pin.pypi.package}-{pin.pypi.version}.git")
-    _fetch_commit(repo, str(bare), pin.commit)
+    try:
+        _fetch_commit(repo, str(bare), pin.commit)
+    except git.GitCommandError as err:
+        raise VerificationError(
+            f"{sdist.name} does not vendor the pinned commit {pin.commit}: {_git_reason(err)}",
+            hint="pin.toml's [mirrors.pypi] must name an sdist that vendors exactly [upstream] commit.",
+        ) from err
     return _verify_and_record(repo, pin, kind, detail)
 
 
@@ -270,7 +276,7 @@ def fetch(pin: Pin, workspace: Workspace, spec: SourceSpec) -> FetchResult:
             raise
         except (git.GitCommandError, requests.RequestException, SourceError, OSError) as err:
             reason = _git_reason(err) if isinstance(err, git.GitCommandError) else str(err)
-            attempts.append(f"{kind}: {reason}")
+            attempts.append(f"{kind} ({pin.url}): {reason}" if kind == "git" else f"{kind}: {reason}")
             if spec.kind == "auto" and kind != order[-1]:
                 warn(f"{kind} source failed ({reason}); trying the next one")
     raise SourceError(

@@ -1,0 +1,310 @@
+#include "spec-prefill-select.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <thread>
+
+const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode) {
+    switch (mode) {
+        case COMMON_SPEC_PREFILL_SELECT_KEEP: return "keep";
+        case COMMON_SPEC_PREFILL_SELECT_MASS: return "mass";
+    }
+    return nullptr;
+}
+
+//
+// scoring
+//
+
+struct common_spec_prefill_scores {
+    int64_t n_keys;
+    int32_t pool_kernel;
+    int32_t n_threads;
+
+    int32_t n_rows = 0;
+
+    std::vector<float>  row_max; // [n_keys] max over (layer, head) of the current row
+    std::vector<double> sum;     // [n_keys] sum of finished rows' maxima
+    std::vector<double> inv_norm; // scratch: 1/Z per head
+};
+
+// spans shorter than this are not worth a thread
+static constexpr int64_t SCORES_KEYS_PER_THREAD = 16384;
+
+template <typename F>
+static void parallel_for(int64_t n, int32_t n_threads, int64_t min_per_thread, F && f) {
+    const int64_t n_chunks = std::max<int64_t>(1, std::min<int64_t>(n_threads, n / std::max<int64_t>(1, min_per_thread)));
+    if (n_chunks <= 1) {
+        f(0, n);
+        return;
+    }
+    std::vector<std::thread> workers;
+    workers.reserve(n_chunks - 1);
+    const int64_t step = (n + n_chunks - 1) / n_chunks;
+    for (int64_t c = 1; c < n_chunks; ++c) {
+        const int64_t i0 = c*step;
+        const int64_t i1 = std::min(n, i0 + step);
+        if (i0 < i1) {
+            workers.emplace_back([&f, i0, i1]() { f(i0, i1); });
+        }
+    }
+    f(0, std::min(n, step));
+    for (auto & w : workers) {
+        w.join();
+    }
+}
+
+// pooled[j] for j in [j0, j1) of a span of length n: mean of p[i] over i in [j - left, j + right] clipped to the span,
+// folded into out[j] as max(out[j], pooled[j] * scale)
+static void pool_max_range(const float * p, int64_t n, int64_t j0, int64_t j1, int32_t kernel, double scale, float * out) {
+    if (kernel <= 1) {
+        for (int64_t j = j0; j < j1; ++j) {
+            out[j] = std::max(out[j], (float) (p[j] * scale));
+        }
+        return;
+    }
+    const int64_t left  = (kernel - 1) / 2;
+    const int64_t right = kernel / 2;
+
+    int64_t lo = std::max<int64_t>(0, j0 - left);
+    int64_t hi = std::min<int64_t>(n - 1, j0 + right); // inclusive
+    double acc = 0.0;
+    for (int64_t i = lo; i <= hi; ++i) {
+        acc += p[i];
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+        const double pooled = acc / (double) (hi - lo + 1);
+        out[j] = std::max(out[j], (float) (pooled * scale));
+        // slide to j + 1
+        const int64_t lo_next = std::max<int64_t>(0, j + 1 - left);
+        const int64_t hi_next = std::min<int64_t>(n - 1, j + 1 + right);
+        if (lo_next > lo) {
+            acc -= p[lo];
+            lo = lo_next;
+        }
+        if (hi_next > hi) {
+            hi = hi_next;
+            acc += p[hi];
+        }
+    }
+}
+
+static double row_sum(const float * p, int64_t n) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        acc += p[i];
+    }
+    return acc;
+}
+
+common_spec_prefill_scores * common_spec_prefill_scores_init(int32_t n_keys, int32_t pool_kernel, int32_t n_threads) {
+    if (n_keys <= 0) {
+        return nullptr;
+    }
+    auto * sc = new common_spec_prefill_scores;
+    sc->n_keys      = n_keys;
+    sc->pool_kernel = std::max(1, pool_kernel);
+    sc->n_threads   = std::max(1, n_threads);
+    sc->row_max.assign(n_keys, 0.0f);
+    sc->sum.assign(n_keys, 0.0);
+    return sc;
+}
+
+void common_spec_prefill_scores_free(common_spec_prefill_scores * sc) {
+    delete sc;
+}
+
+void common_spec_prefill_scores_begin_row(common_spec_prefill_scores * sc) {
+    std::fill(sc->row_max.begin(), sc->row_max.end(), 0.0f);
+}
+
+void common_spec_prefill_scores_add_heads(
+        common_spec_prefill_scores * sc,
+        const float * probs,
+        int64_t n_head,
+        int64_t row_stride,
+        int64_t key0,
+        int64_t n_norm) {
+    // the normaliser of each head: its probability mass on the row's prompt keys
+    sc->inv_norm.assign(n_head, 0.0);
+    parallel_for(n_head, sc->n_threads, std::max<int64_t>(1, SCORES_KEYS_PER_THREAD / std::max<int64_t>(1, n_norm)),
+        [&](int64_t h0, int64_t h1) {
+            for (int64_t h = h0; h < h1; ++h) {
+                const double z = row_sum(probs + h*row_stride, n_norm);
+                sc->inv_norm[h] = z > 0.0 ? 1.0/z : 0.0;
+            }
+        });
+
+    parallel_for(sc->n_keys, sc->n_threads, SCORES_KEYS_PER_THREAD, [&](int64_t j0, int64_t j1) {
+        for (int64_t h = 0; h < n_head; ++h) {
+            if (sc->inv_norm[h] == 0.0) {
+                continue;
+            }
+            pool_max_range(probs + h*row_stride + key0, sc->n_keys, j0, j1, sc->pool_kernel, sc->inv_norm[h],
+                    sc->row_max.data());
+        }
+    });
+}
+
+void common_spec_prefill_scores_end_row(common_spec_prefill_scores * sc) {
+    for (int64_t j = 0; j < sc->n_keys; ++j) {
+        sc->sum[j] += sc->row_max[j];
+    }
+    sc->n_rows++;
+}
+
+int32_t common_spec_prefill_scores_n_rows(const common_spec_prefill_scores * sc) {
+    return sc->n_rows;
+}
+
+void common_spec_prefill_scores_get(const common_spec_prefill_scores * sc, float scale, float * out) {
+    const double f = sc->n_rows > 0 ? (double) scale / sc->n_rows : 0.0;
+    for (int64_t j = 0; j < sc->n_keys; ++j) {
+        out[j] = (float) (sc->sum[j] * f);
+    }
+}
+
+void common_spec_prefill_pool_row(const float * probs, int64_t key0, int64_t n_keys, int64_t n_norm,
+        int32_t pool_kernel, float * out) {
+    std::fill(out, out + n_keys, 0.0f);
+    const double z = row_sum(probs, n_norm);
+    if (z > 0.0) {
+        pool_max_range(probs + key0, n_keys, 0, n_keys, std::max(1, pool_kernel), 1.0/z, out);
+    }
+}
+
+//
+// windows
+//
+
+std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t n_tokens, int32_t window) {
+    std::vector<common_spec_prefill_window> windows;
+    if (n_tokens <= 0) {
+        return windows;
+    }
+    if (window <= 0 || window >= n_tokens) {
+        windows.push_back({0, n_tokens});
+        return windows;
+    }
+    // as many windows as needed, sized evenly, so that the last one is not a short remainder
+    const int32_t n_windows = (n_tokens + window - 1) / window;
+    const int32_t base  = n_tokens / n_windows;
+    const int32_t extra = n_tokens % n_windows; // the first `extra` windows get one more token
+    int32_t begin = 0;
+    for (int32_t w = 0; w < n_windows; ++w) {
+        const int32_t size = base + (w < extra ? 1 : 0);
+        windows.push_back({begin, begin + size});
+        begin += size;
+    }
+    return windows;
+}
+
+//
+// selection
+//
+
+const char * common_spec_prefill_select_params_check(const common_spec_prefill_select_params & params) {
+    if (common_spec_prefill_select_mode_name(params.mode) == nullptr) {
+        return "unknown selection mode (expected keep or mass)";
+    }
+    if (!(params.keep > 0.0f && params.keep <= 1.0f)) {
+        return "the kept fraction must be in (0, 1]";
+    }
+    if (!(params.mass > 0.0f && params.mass <= 1.0f)) {
+        return "the score mass must be in (0, 1]";
+    }
+    if (params.chunk_size < 0) {
+        return "the chunk size must be >= 0";
+    }
+    if (params.keep_first < 0 || params.keep_last < 0) {
+        return "the always-kept token counts must be >= 0";
+    }
+    return nullptr;
+}
+
+std::vector<int32_t> common_spec_prefill_select(
+        const float * scores,
+        int32_t n_tokens,
+        const common_spec_prefill_select_params & params) {
+    std::vector<int32_t> kept;
+    if (n_tokens <= 0) {
+        return kept;
+    }
+    const int32_t chunk    = std::max(1, params.chunk_size);
+    const int32_t n_chunks = (n_tokens + chunk - 1) / chunk;
+
+    // the tail always kept: keep_last tokens, at least one chunk (and at least the last token)
+    const int32_t n_tail = std::min(n_tokens, std::max({params.keep_last, chunk, 1}));
+    const int32_t n_head = std::min(n_tokens, std::max(0, params.keep_first));
+
+    std::vector<char> keep(n_tokens, 0);
+    std::fill(keep.begin(), keep.begin() + n_head, 1);
+    std::fill(keep.end() - n_tail, keep.end(), 1);
+
+    auto score_at = [&](int32_t i) {
+        const float s = scores[i];
+        return std::isfinite(s) ? (double) s : 0.0;
+    };
+
+    std::vector<double> chunk_sum(n_chunks, 0.0);
+    std::vector<int32_t> candidates;
+    for (int32_t c = 0; c < n_chunks; ++c) {
+        const int32_t i0 = c*chunk;
+        const int32_t i1 = std::min(n_tokens, i0 + chunk);
+        bool all_forced = true;
+        for (int32_t i = i0; i < i1; ++i) {
+            chunk_sum[c] += score_at(i);
+            all_forced = all_forced && keep[i];
+        }
+        if (!all_forced) {
+            candidates.push_back(c);
+        }
+    }
+    auto chunk_mean = [&](int32_t c) {
+        const int32_t i0 = c*chunk;
+        return chunk_sum[c] / (std::min(n_tokens, i0 + chunk) - i0);
+    };
+    // highest mean first; ties go to the earlier chunk, so the result is deterministic
+    std::stable_sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
+        return chunk_mean(a) > chunk_mean(b);
+    });
+
+    auto take = [&](int32_t c) {
+        const int32_t i0 = c*chunk;
+        std::fill(keep.begin() + i0, keep.begin() + std::min(n_tokens, i0 + chunk), 1);
+    };
+
+    if (params.mode == COMMON_SPEC_PREFILL_SELECT_MASS) {
+        double total = 0.0;
+        double held  = 0.0;
+        for (int32_t i = 0; i < n_tokens; ++i) {
+            total += score_at(i);
+            held  += keep[i] ? score_at(i) : 0.0;
+        }
+        const double target = params.mass * total;
+        for (int32_t c : candidates) {
+            if (held >= target) {
+                break;
+            }
+            const int32_t i0 = c*chunk;
+            for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+                held += keep[i] ? 0.0 : score_at(i);
+            }
+            take(c);
+        }
+    } else {
+        // the small epsilon keeps e.g. 0.3 * 10 chunks at 3, not 4
+        const int32_t n_top = std::max(1, (int32_t) std::ceil((double) params.keep * n_chunks - 1e-6));
+        for (int32_t k = 0; k < std::min<int32_t>(n_top, (int32_t) candidates.size()); ++k) {
+            take(candidates[k]);
+        }
+    }
+
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (keep[i]) {
+            kept.push_back(i);
+        }
+    }
+    return kept;
+}

@@ -1,0 +1,94 @@
+#pragma once
+
+// Speculative prefill, the pure part: from a draft model's attention rows to the prompt tokens the target prefills.
+// No llama.cpp types here, so the same file builds into the spbuild Python extension for testing.
+//
+//   rows  -> common_spec_prefill_scores (renormalise, average-pool, max over heads and layers, mean over rows)
+//   score -> common_spec_prefill_select (chunks, keep or mass mode, always-kept head and tail)
+
+#include <cstdint>
+#include <vector>
+
+enum common_spec_prefill_select_mode {
+    COMMON_SPEC_PREFILL_SELECT_KEEP = 0, // the top fraction `keep` of the chunks
+    COMMON_SPEC_PREFILL_SELECT_MASS = 1, // the highest chunks until they hold `mass` of the total score
+};
+
+struct common_spec_prefill_select_params {
+    enum common_spec_prefill_select_mode mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
+
+    float   keep       = 0.3f;  // keep mode: fraction of chunks, in (0, 1]
+    float   mass       = 0.85f; // mass mode: share of the score mass, in (0, 1]
+    int32_t chunk_size = 32;    // tokens per chunk; 0 or 1 selects single tokens
+    int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
+    int32_t keep_last  = 64;    // always kept: the last tokens, at least one chunk (template closers, the question)
+};
+
+// "keep" or "mass"; nullptr for an unknown mode
+const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode);
+
+//
+// scoring
+//
+
+// Accumulates per-key importance for one span of n_keys consecutive keys (a window of the prompt) from query rows.
+// For each query row and each (layer, head), the attention probabilities are renormalised over the row's prompt keys,
+// average-pooled along the span (edge windows divided by their real size), and max-reduced over heads and layers;
+// the span's score is the mean of those maxima over the rows.
+struct common_spec_prefill_scores;
+
+// pool_kernel <= 1 disables pooling; n_threads > 1 splits long spans across threads
+struct common_spec_prefill_scores * common_spec_prefill_scores_init(int32_t n_keys, int32_t pool_kernel, int32_t n_threads);
+
+void common_spec_prefill_scores_free(struct common_spec_prefill_scores * sc);
+
+// start a new query row
+void common_spec_prefill_scores_begin_row(struct common_spec_prefill_scores * sc);
+
+// fold one layer's heads into the current row:
+//   head h's probabilities are probs[h*row_stride + i] for key cell i;
+//   they are renormalised over cells [0, n_norm), and cells [key0, key0 + n_keys) are the span's keys
+void common_spec_prefill_scores_add_heads(
+        struct common_spec_prefill_scores * sc,
+        const float * probs,
+        int64_t n_head,
+        int64_t row_stride,
+        int64_t key0,
+        int64_t n_norm);
+
+void common_spec_prefill_scores_end_row(struct common_spec_prefill_scores * sc);
+
+int32_t common_spec_prefill_scores_n_rows(const struct common_spec_prefill_scores * sc);
+
+// mean over the finished rows, multiplied by `scale`, into out[0, n_keys); zeros when no row finished
+void common_spec_prefill_scores_get(const struct common_spec_prefill_scores * sc, float scale, float * out);
+
+// the pooled, renormalised probabilities of one head, for testing: out[j] for key0 <= j < key0 + n_keys
+void common_spec_prefill_pool_row(const float * probs, int64_t key0, int64_t n_keys, int64_t n_norm,
+        int32_t pool_kernel, float * out);
+
+//
+// windows
+//
+
+struct common_spec_prefill_window {
+    int32_t begin; // first prompt token of the window
+    int32_t end;   // one past the last
+};
+
+// split [0, n_tokens) into ceil(n_tokens / window) windows of near-equal size (differing by at most one token),
+// covering every token exactly once; window <= 0 or >= n_tokens gives one window
+std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t n_tokens, int32_t window);
+
+//
+// selection
+//
+
+// the sorted prompt positions to prefill; every position when the selection keeps everything
+std::vector<int32_t> common_spec_prefill_select(
+        const float * scores,
+        int32_t n_tokens,
+        const struct common_spec_prefill_select_params & params);
+
+// nullptr if the parameters are valid, else what is wrong
+const char * common_spec_prefill_select_params_check(const struct common_spec_prefill_select_params & params);

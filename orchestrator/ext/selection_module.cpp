@@ -1,0 +1,115 @@
+// spbuild._selection: Python bindings of cpp/common/spec-prefill-select.cpp, the selection code llama.cpp builds,
+// so the algorithm can be checked against a NumPy reference without building llama.cpp.
+
+#include "spec-prefill-select.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace nb = nanobind;
+
+using f32_array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+static common_spec_prefill_select_params make_params(const std::string & mode, float keep, float mass,
+        int32_t chunk_size, int32_t keep_first, int32_t keep_last) {
+    common_spec_prefill_select_params params;
+    if (mode == "keep") {
+        params.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
+    } else if (mode == "mass") {
+        params.mode = COMMON_SPEC_PREFILL_SELECT_MASS;
+    } else {
+        throw std::invalid_argument("mode must be 'keep' or 'mass'");
+    }
+    params.keep       = keep;
+    params.mass       = mass;
+    params.chunk_size = chunk_size;
+    params.keep_first = keep_first;
+    params.keep_last  = keep_last;
+    return params;
+}
+
+NB_MODULE(_selection, m) {
+    m.doc() = "Speculative prefill selection (the C++ code llama.cpp uses)";
+
+    m.def("pool_row", [](f32_array probs, int64_t key0, int64_t n_keys, int64_t n_norm, int32_t kernel) {
+        if (probs.ndim() != 1 || key0 < 0 || n_keys <= 0 || key0 + n_keys > (int64_t) probs.shape(0) ||
+                n_norm < 0 || n_norm > (int64_t) probs.shape(0)) {
+            throw std::invalid_argument("pool_row: need a 1-D row with key0 + n_keys <= len and n_norm <= len");
+        }
+        auto * out = new float[n_keys];
+        common_spec_prefill_pool_row(probs.data(), key0, n_keys, n_norm, kernel, out);
+        nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {(size_t) n_keys}, owner);
+    }, nb::arg("probs"), nb::arg("key0"), nb::arg("n_keys"), nb::arg("n_norm"), nb::arg("kernel"),
+       "One head's row renormalised over [0, n_norm) and average-pooled over [key0, key0 + n_keys).");
+
+    m.def("score", [](f32_array attn, int64_t key0, int64_t n_keys, int64_t n_norm, int32_t kernel, float scale,
+                      int32_t n_threads) {
+        if (attn.ndim() != 4) {
+            throw std::invalid_argument("score: attn must be [n_rows, n_layers, n_head, n_cells]");
+        }
+        const int64_t n_rows = attn.shape(0), n_layers = attn.shape(1), n_head = attn.shape(2), n_cells = attn.shape(3);
+        if (key0 < 0 || n_keys <= 0 || key0 + n_keys > n_cells || n_norm < 0 || n_norm > n_cells) {
+            throw std::invalid_argument("score: need key0 + n_keys <= n_cells and n_norm <= n_cells");
+        }
+        common_spec_prefill_scores * sc = common_spec_prefill_scores_init((int32_t) n_keys, kernel, n_threads);
+        const float * data = attn.data();
+        for (int64_t r = 0; r < n_rows; ++r) {
+            common_spec_prefill_scores_begin_row(sc);
+            for (int64_t l = 0; l < n_layers; ++l) {
+                common_spec_prefill_scores_add_heads(sc, data + (r*n_layers + l)*n_head*n_cells, n_head, n_cells, key0, n_norm);
+            }
+            common_spec_prefill_scores_end_row(sc);
+        }
+        auto * out = new float[n_keys];
+        common_spec_prefill_scores_get(sc, scale, out);
+        common_spec_prefill_scores_free(sc);
+        nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {(size_t) n_keys}, owner);
+    }, nb::arg("attn"), nb::arg("key0"), nb::arg("n_keys"), nb::arg("n_norm"), nb::arg("kernel"),
+       nb::arg("scale") = 1.0f, nb::arg("n_threads") = 1,
+       "Per-key scores of a span: mean over rows of the max over (layer, head) of the pooled, renormalised rows.");
+
+    m.def("plan_windows", [](int32_t n_tokens, int32_t window) {
+        std::vector<std::pair<int32_t, int32_t>> out;
+        for (const auto & w : common_spec_prefill_plan_windows(n_tokens, window)) {
+            out.emplace_back(w.begin, w.end);
+        }
+        return out;
+    }, nb::arg("n_tokens"), nb::arg("window"));
+
+    m.def("check_params", [](const std::string & mode, float keep, float mass, int32_t chunk_size, int32_t keep_first,
+                             int32_t keep_last) -> std::optional<std::string> {
+        common_spec_prefill_select_params params;
+        try {
+            params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
+        } catch (const std::invalid_argument & err) {
+            return std::string(err.what());
+        }
+        const char * problem = common_spec_prefill_select_params_check(params);
+        return problem ? std::optional<std::string>(problem) : std::nullopt;
+    }, nb::arg("mode"), nb::arg("keep"), nb::arg("mass"), nb::arg("chunk_size"), nb::arg("keep_first"),
+       nb::arg("keep_last"));
+
+    m.def("select", [](f32_array scores, const std::string & mode, float keep, float mass, int32_t chunk_size,
+                       int32_t keep_first, int32_t keep_last) {
+        if (scores.ndim() != 1) {
+            throw std::invalid_argument("select: scores must be 1-D");
+        }
+        const auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
+        if (const char * problem = common_spec_prefill_select_params_check(params)) {
+            throw std::invalid_argument(problem);
+        }
+        return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params);
+    }, nb::arg("scores"), nb::arg("mode") = "keep", nb::arg("keep") = 0.3f, nb::arg("mass") = 0.85f,
+       nb::arg("chunk_size") = 32, nb::arg("keep_first") = 4, nb::arg("keep_last") = 64,
+       "Sorted positions to prefill.");
+}

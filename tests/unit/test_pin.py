@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pytest
+
+from spbuild.errors import SpbuildError
+from spbuild.pin import Pin, load_pin, parse_pin
+
+GOOD = """
+[upstream]
+url = "https://example.invalid/llama.cpp"
+commit = "0C1E57098BBA43AC29E6E3B677CDCEEBDD22334F"
+date = "2026-10-01"
+
+[mirrors.pypi]
+package = "llama-cpp-python"
+version = "0.3.36"
+filename = "llama_cpp_python-0.3.36.tar.gz"
+sha256 = "832DB0699007F1BE95A7E41EF12E88926B02BA836461E36A36372DB2760C1A2E"
+tree = "vendor/llama.cpp"
+gitdir = ".git/modules/vendor/llama.cpp"
+"""
+
+
+def test_repository_pin_parses(h):
+    pin = load_pin(h.REPO_ROOT / "pin.toml")
+    assert pin.commit == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert pin.url == "https://github.com/ggml-org/llama.cpp"
+    assert pin.short == "0c1e57098bba"
+    assert pin.pypi is not None
+    assert pin.pypi.sha256 == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    assert pin.pypi.package == "llama-cpp-python"
+    assert pin.pypi.filename == "llama_cpp_python-0.3.36.tar.gz"
+    assert pin.pypi.tree == "vendor/llama.cpp"
+    assert pin.pypi.gitdir == ".git/modules/vendor/llama.cpp"
+    assert "0c1e57098bba" in pin.describe()
+
+
+def test_hex_is_normalised_to_lower_case_and_index_defaults():
+    pin = parse_pin(GOOD)
+    assert pin.commit == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert pin.pypi is not None
+    assert pin.pypi.sha256 == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    assert pin.pypi.index == "https://pypi.org/simple"
+    assert pin.date == "2026-10-01"
+
+
+def test_pypi_mirror_is_optional():
+    pin = parse_pin('[upstream]\nurl = "u"\ncommit = "' + "a" * 40 + '"\n')
+    assert pin == Pin(url="u", commit="a" * 40, pypi=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[mirrors.pypi]\npackage = "x"\n', "missing [upstream]"),
+        ('upstream = "not a table"\n', "missing [upstream]"),
+        ('[upstream]\ncommit = "' + "a" * 40 + '"\n', "`url`"),
+        ('[upstream]\nurl = "u"\n', "`commit`"),
+        ('[upstream]\nurl = "u"\ncommit = "0c1e57098bba"\n', "40-hex-digit"),
+        ('[upstream]\nurl = "u"\ncommit = "' + "g" * 40 + '"\n', "40-hex-digit"),
+        ("[upstream\nurl = 1\n", "invalid TOML"),
+        (GOOD.replace("832DB0699007F1BE", "832DB0699007F1BZ"), "sha256 must be 64 hex digits"),
+        (GOOD.replace("sha256 = \"832DB0699007F1BE", "sha256 = \"832DB0699007F1B"), "sha256 must be 64 hex digits"),
+        (GOOD.replace('gitdir = ".git/modules/vendor/llama.cpp"\n', ""), "`gitdir`"),
+    ],
+)
+def test_errors_name_the_problem(text, needle):
+    with pytest.raises(SpbuildError) as err:
+        parse_pin(text, origin="my-pin.toml")
+    assert needle in str(err.value)
+    assert "my-pin.toml" in str(err.value)
+
+
+def test_short_commit_is_quoted_in_the_error():
+    with pytest.raises(SpbuildError, match="'0c1e57098bba'"):
+        parse_pin('[upstream]\nurl = "u"\ncommit = "0c1e57098bba"\n')
+
+
+def test_missing_pin_file(tmp_path):
+    with pytest.raises(SpbuildError, match="not found"):
+        load_pin(tmp_path / "pin.toml")
