@@ -159,6 +159,6 @@ def find_build(workspace: Workspace, backend: str | None) -> BuildRecord:
     candidates = [BuildRecord.load(d) for d in sorted(root.glob("*"))] if root.is_dir() else []
     records = [r for r in candidates if r is not None and (backend is None or r.backend == backend)]
     if not records:
-        which = f"a {backend} build" if backend else "a build"
+        which = f"{backend} build" if backend else "build"
         raise SpbuildError(f"no {which} in {root}", hint=f"Run `spbuild build --{backend or 'vulkan'}` first.")
     return max(records, key=lambda r: (Path(r.build_dir) / BUILD_RECORD).stat().st_mtime)

@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spbuild import doctor
+from spbuild.doctor import FAIL, OK, WARN, Check
+
+SYSTEM_GLSLC = "/usr/bin/glslc"
+needs_glslc = pytest.mark.skipif(not Path(SYSTEM_GLSLC).is_file(), reason="glslc is not installed here")
+
+
+def write_vulkan_header(base: Path, minor: int, patch: int) -> Path:
+    header = base / "vulkan" / "vulkan_core.h"
+    header.parent.mkdir(parents=True, exist_ok=True)
+    header.write_text(
+        "// fake\n"
+        f"#define VK_HEADER_VERSION {patch}\n"
+        f"#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, 1, {minor}, VK_HEADER_VERSION)\n"
+    )
+    return header
+
+
+def test_vulkan_header_version(tmp_path):
+    header = write_vulkan_header(tmp_path, 3, 239)
+    assert doctor.vulkan_header_version([tmp_path]) == ((1, 3, 239), header)
+
+
+def test_vulkan_header_version_first_dir_wins_and_missing(tmp_path):
+    write_vulkan_header(tmp_path / "a", 3, 280)
+    write_vulkan_header(tmp_path / "b", 3, 239)
+    assert doctor.vulkan_header_version([tmp_path / "none", tmp_path / "a", tmp_path / "b"])[0] == (1, 3, 280)
+    assert doctor.vulkan_header_version([tmp_path / "none"]) is None
+    (tmp_path / "c" / "vulkan").mkdir(parents=True)
+    (tmp_path / "c" / "vulkan" / "vulkan_core.h").write_text("#define VK_HEADER_VERSION 239\n")  # incomplete
+    assert doctor.vulkan_header_version([tmp_path / "c"]) is None
+
+
+@pytest.mark.parametrize(("patch", "note"), [(239, True), (261, False), (290, False)])
+def test_check_vulkan_headers_notes_old_headers(tmp_path, monkeypatch, patch, note):
+    write_vulkan_header(tmp_path, 3, patch)
+    monkeypatch.setattr(doctor, "_include_dirs", lambda: [tmp_path])
+    check = doctor.check_vulkan_headers()
+    assert check.status == OK
+    assert f"1.3.{patch}" in check.detail
+    assert ("compatibility patch" in check.detail) == note
+
+
+@pytest.mark.parametrize(
+    ("key", "debian", "fedora", "macos"),
+    [
+        ("vulkan-headers", "sudo apt-get install -y libvulkan-dev",
+         "sudo dnf install -y vulkan-headers vulkan-loader-devel",
+         "brew install vulkan-headers vulkan-loader molten-vk"),
+        ("glslc", "sudo apt-get install -y glslc", "sudo dnf install -y glslc", "brew install shaderc"),
+        ("spirv-headers", "sudo apt-get install -y spirv-headers", "sudo dnf install -y spirv-headers-devel",
+         "brew install spirv-headers"),
+    ],
+)
+def test_advice_lines(key, debian, fedora, macos):
+    assert Check("x", FAIL, "missing", key).advice() == [
+        f"Debian/Ubuntu: {debian}", f"Fedora: {fedora}", f"macOS: {macos}"]
+    assert Check("x", WARN, "meh", key).advice()[0] == f"Debian/Ubuntu: {debian}"
+
+
+def test_no_advice_when_ok_or_without_key():
+    assert Check("x", OK, "fine", "glslc").advice() == []
+    assert Check("x", FAIL, "missing").advice() == []
+
+
+def test_every_advice_entry_has_three_platforms():
+    assert all(len(v) == 3 and all(v) for v in doctor.ADVICE.values())
+
+
+@pytest.fixture
+def bare_machine(tmp_path, monkeypatch):
+    """No programs on PATH, no include directories, no SDK, no compiler override."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    for var in ("VULKAN_SDK", "CXX"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "no-cuda"))  # else /usr/local/cuda is looked at
+    monkeypatch.setattr(doctor, "_include_dirs", lambda: [tmp_path])
+    return empty
+
+
+def test_diagnose_vulkan_on_a_bare_machine(bare_machine):
+    report = doctor.diagnose("vulkan")
+    failed = {c.name: c for c in report.failures}
+    for name in ("Vulkan headers", "Vulkan loader", "glslc", "SPIR-V headers", "C++ compiler", "git"):
+        assert name in failed, name
+    advice = "\n".join(line for c in report.failures for line in c.advice())
+    assert "sudo apt-get install -y libvulkan-dev" in advice
+    assert "sudo apt-get install -y glslc" in advice
+    assert "sudo apt-get install -y spirv-headers" in advice
+    assert "\n".join(failed["SPIR-V headers"].advice()).count("spirv-headers") == 3
+    # no glslc: no shader probes; no vulkaninfo: a warning, not a failure
+    assert not [c for c in report.checks if c.name.startswith("glslc GL_")]
+    device = next(c for c in report.checks if c.name == "Vulkan device")
+    assert device.status == WARN
+
+
+def test_diagnose_vulkan_finds_headers_in_the_include_dirs(bare_machine, tmp_path):
+    write_vulkan_header(tmp_path, 3, 275)
+    (tmp_path / "spirv" / "unified1").mkdir(parents=True)
+    (tmp_path / "spirv" / "unified1" / "spirv.hpp").write_text("// spirv\n")
+    report = doctor.diagnose("vulkan", probe_device=False)
+    status = {c.name: c.status for c in report.checks}
+    assert status["Vulkan headers"] == OK
+    assert status["SPIR-V headers"] == OK
+    assert status["glslc"] == FAIL
+    assert "Vulkan device" not in status
+
+
+def test_diagnose_other_backends(bare_machine):
+    names = {b: {c.name for c in doctor.diagnose(b).failures} for b in ("cuda", "sycl", "hip")}
+    assert "nvcc" in names["cuda"]
+    assert "icpx (oneAPI DPC++)" in names["sycl"]
+    assert "hipcc (ROCm)" in names["hip"]
+    assert "Vulkan headers" not in names["cuda"]
+
+
+def test_vulkan_sdk_glslc_takes_precedence(tmp_path, monkeypatch):
+    sdk_glslc = tmp_path / "sdk" / "bin" / "glslc"
+    sdk_glslc.parent.mkdir(parents=True)
+    sdk_glslc.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("VULKAN_SDK", str(tmp_path / "sdk"))
+    assert doctor.glslc_path() == str(sdk_glslc)
+
+
+def make_fake_glslc(where: Path, unsupported: list[str]) -> Path:
+    """A glslc that rejects the given extensions the way shaderc does."""
+    where.mkdir(parents=True, exist_ok=True)
+    script = where / "glslc"
+    grep = shutil.which("grep")  # absolute: the tests run it with PATH narrowed to `where`
+    checks = "".join(
+        f'if {grep} -q "{ext} " "$src"; then echo "$src:2: error: \'#extension\' : extension not supported: {ext}" >&2;'
+        " exit 1; fi\n" for ext in unsupported)
+    script.write_text("#!/bin/sh\nfor src; do :; done\n" + checks + "exit 0\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_shader_feature_probe_with_a_fake_glslc(tmp_path, monkeypatch):
+    fake = make_fake_glslc(tmp_path / "bin", ["GL_KHR_cooperative_matrix", "GL_EXT_bfloat16"])
+    assert not doctor.glslc_supports(str(fake), "GL_KHR_cooperative_matrix")
+    assert doctor.glslc_supports(str(fake), "GL_EXT_integer_dot_product")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("VULKAN_SDK", raising=False)
+    checks = {c.name: c for c in doctor.check_shader_features()}
+    assert checks["glslc GL_KHR_cooperative_matrix"].status == WARN
+    assert checks["glslc GL_EXT_bfloat16"].status == WARN
+    assert checks["glslc GL_EXT_integer_dot_product"].status == OK
+    assert checks["glslc GL_NV_cooperative_matrix2"].status == OK
+    report = doctor.Report("vulkan", list(checks.values()))
+    warning = report.shader_warning()
+    assert warning is not None
+    assert "GL_KHR_cooperative_matrix" in warning and "GL_EXT_bfloat16" in warning
+    assert "GL_EXT_integer_dot_product" not in warning
+    assert "vulkan.lunarg.com" in checks["glslc GL_KHR_cooperative_matrix"].advice()[0]
+    assert doctor.Report("vulkan", [checks["glslc GL_EXT_integer_dot_product"]]).shader_warning() is None
+
+
+def test_glslc_supports_a_missing_binary_is_false(tmp_path):
+    assert not doctor.glslc_supports(str(tmp_path / "no-glslc"), "GL_EXT_shader_explicit_arithmetic_types")
+
+
+@needs_glslc
+def test_system_glslc_lacks_cooperative_matrix():
+    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_KHR_cooperative_matrix") is False
+
+
+@needs_glslc
+def test_system_glslc_has_explicit_arithmetic_types():
+    # verified on this machine (Debian 12, shaderc 2023.2): a long-standing extension compiles
+    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_EXT_shader_explicit_arithmetic_types") is True
+
+
+@needs_glslc
+def test_system_glslc_rejects_a_made_up_extension():
+    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_EXT_no_such_extension_spbuild") is False
+
+
+def test_check_program_and_tool(bare_machine):
+    assert doctor.check_program("icpx", "icpx").status == FAIL
+    check = doctor.check_tool("cmake", lambda: None, (3, 19))
+    assert (check.status, check.detail, check.advice_key) == (FAIL, "no cmake >= 3.19", "cmake")
+    assert shutil.which("git") is None  # the fixture really emptied PATH
