@@ -1,6 +1,7 @@
 #include "spec-prefill-select.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 #include <thread>
@@ -294,8 +295,10 @@ std::vector<int32_t> common_spec_prefill_select(
             take(c);
         }
     } else {
-        // the small epsilon keeps e.g. 0.3 * 10 chunks at 3, not 4
-        const int32_t n_top = std::max(1, (int32_t) std::ceil((double) params.keep * n_chunks - 1e-6));
+        // the small epsilon keeps e.g. 0.3 * 10 chunks at 3, not 4; keep is a float, off by up to keep * FLT_EPSILON / 2,
+        // so the epsilon grows with the product (0.3f * 100 = 30.0000012 must give 30, not 31)
+        const double  x     = (double) params.keep * n_chunks;
+        const int32_t n_top = std::max(1, (int32_t) std::ceil(x - std::max(1e-6, x * FLT_EPSILON)));
         for (int32_t k = 0; k < std::min<int32_t>(n_top, (int32_t) candidates.size()); ++k) {
             take(candidates[k]);
         }
