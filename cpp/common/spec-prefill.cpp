@@ -1,0 +1,569 @@
+#include "spec-prefill.h"
+
+#include "log.h"
+#include "llama-cpp.h"
+#include "../src/llama-ext.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// every window after the first also starts with the prompt's first tokens: they take the attention-sink role BOS
+// plays for the first window, so the window's own first tokens are not mistaken for important ones
+static constexpr int32_t SPEC_PREFILL_N_SINK = 4;
+// every window but the last also ends with the prompt's last tokens (the question), so its lookahead rows look for
+// what the question needs
+static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
+
+const char * common_spec_prefill_status_name(enum common_spec_prefill_status status) {
+    switch (status) {
+        case COMMON_SPEC_PREFILL_SPARSE:   return "sparse";
+        case COMMON_SPEC_PREFILL_SHORT:    return "short";
+        case COMMON_SPEC_PREFILL_KEPT_ALL: return "kept_all";
+        case COMMON_SPEC_PREFILL_FAILED:   return "failed";
+    }
+    return "unknown";
+}
+
+// what the eval callback needs to turn one layer's kq_soft_max into scores for each sequence of the step
+struct spec_prefill_stream {
+    common_spec_prefill_scores * scores = nullptr;
+
+    int32_t key0    = 0; // first cell of the window's own tokens
+    int32_t n_norm  = 0; // cells of prompt tokens: rows are renormalised over [0, n_norm)
+    int32_t n_cells = 0; // cells in use after this step's token: cells >= n_cells must have zero weight
+    int32_t n_added = 0; // layers folded into the current row
+    bool    done    = false; // the lookahead hit end of generation: no more rows
+};
+
+struct common_spec_prefill {
+    common_params_spec_prefill params;
+
+    int32_t n_threads;
+    int32_t n_threads_batch;
+    int32_t n_batch;
+    int32_t n_ubatch;
+    enum llama_flash_attn_type flash_attn_type;
+
+    llama_model_ptr   model;
+    llama_context_ptr ctx;
+    const llama_vocab * vocab = nullptr;
+
+    int32_t n_layer     = 0;
+    int32_t n_swa       = 0;
+    int32_t n_ctx_max   = 0; // the most KV cells the draft context may have
+    int32_t ctx_n_seq   = 0; // shape of the current context
+    int32_t ctx_n_cells = 0; // cells per sequence
+
+    // eval-callback state
+    bool capture = false;
+    std::vector<char> layer_usable;
+    std::vector<char> layer_seen;
+    std::vector<spec_prefill_stream> streams;
+    std::vector<float> buf;
+    std::string capture_error;
+    int32_t n_layers_used = 0;
+};
+
+//
+// eval callback: reads kq_soft_max-<il> of the query steps
+//
+
+static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor * t, int il) {
+    const int64_t n_kv     = t->ne[0];
+    const int64_t n_rows   = t->ne[1];
+    const int64_t n_head   = t->ne[2];
+    const int64_t n_stream = t->ne[3];
+
+    if (t->type != GGML_TYPE_F32 || n_rows != 1 || n_stream != (int64_t) sp->streams.size()) {
+        sp->capture_error = string_format("unexpected attention layout in layer %d: type %s, [%" PRId64 ", %" PRId64
+                ", %" PRId64 ", %" PRId64 "] for %zu sequences", il, ggml_type_name(t->type), n_kv, n_rows, n_head,
+                n_stream, sp->streams.size());
+        return false;
+    }
+    sp->buf.resize(ggml_nelements(t));
+    ggml_backend_tensor_get(t, sp->buf.data(), 0, ggml_nbytes(t));
+
+    for (int64_t s = 0; s < n_stream; ++s) {
+        spec_prefill_stream & st = sp->streams[s];
+        if (st.done) {
+            continue;
+        }
+        const float * probs = sp->buf.data() + s*n_head*n_kv;
+
+        // cell j must be position j: nothing may sit beyond the cells this sequence has filled
+        if (st.n_cells > n_kv) {
+            sp->capture_error = string_format("layer %d has %" PRId64 " KV cells, sequence %" PRId64 " needs %d", il,
+                    n_kv, s, st.n_cells);
+            return false;
+        }
+        double used = 0.0;
+        for (int64_t j = 0; j < n_kv; ++j) {
+            if (j >= st.n_cells && probs[j] != 0.0f) {
+                sp->capture_error = string_format("layer %d, sequence %" PRId64 ": attention on KV cell %" PRId64
+                        " past the sequence's %d cells (cells do not map to positions)", il, s, j, st.n_cells);
+                return false;
+            }
+            used += probs[j];
+        }
+        if (!(used > 0.0) || !std::isfinite(used)) {
+            sp->capture_error = string_format("layer %d, sequence %" PRId64 ": empty or non-finite attention row", il, s);
+            return false;
+        }
+
+        common_spec_prefill_scores_add_heads(st.scores, probs, n_head, n_kv, st.key0, st.n_norm);
+        st.n_added++;
+    }
+    if (!sp->layer_seen[il]) {
+        sp->layer_seen[il] = 1;
+        sp->n_layers_used++;
+    }
+    return true;
+}
+
+static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
+    auto * sp = (common_spec_prefill *) user_data;
+
+    static constexpr char prefix[] = "kq_soft_max-";
+    const bool is_attn = strncmp(t->name, prefix, sizeof(prefix) - 1) == 0;
+    if (ask) {
+        if (!sp->capture || !is_attn || !sp->capture_error.empty()) {
+            return false;
+        }
+        const int il = atoi(t->name + sizeof(prefix) - 1);
+        return il >= 0 && il < sp->n_layer && sp->layer_usable[il];
+    }
+    // returning false here would stop the graph: errors are recorded and reported after the decode
+    if (is_attn && sp->capture && sp->capture_error.empty()) {
+        spec_prefill_read_layer(sp, t, atoi(t->name + sizeof(prefix) - 1));
+    }
+    return true;
+}
+
+//
+// init
+//
+
+static bool spec_prefill_vocab_matches(const llama_vocab * tgt, const llama_vocab * dft, std::string & why) {
+    if (llama_vocab_type(tgt) != llama_vocab_type(dft)) {
+        why = string_format("tokenizer types differ (target %d, draft %d)", llama_vocab_type(tgt), llama_vocab_type(dft));
+        return false;
+    }
+    const int32_t n_tgt = llama_vocab_n_tokens(tgt);
+    const int32_t n_dft = llama_vocab_n_tokens(dft);
+    if (n_tgt != n_dft) {
+        why = string_format("vocabulary sizes differ (target %d, draft %d)", n_tgt, n_dft);
+        return false;
+    }
+    if (llama_vocab_get_add_bos(tgt) != llama_vocab_get_add_bos(dft) ||
+            (llama_vocab_get_add_bos(tgt) && llama_vocab_bos(tgt) != llama_vocab_bos(dft))) {
+        why = "BOS tokens differ";
+        return false;
+    }
+    for (int32_t i = 0; i < n_tgt; ++i) {
+        if (strcmp(llama_vocab_get_text(tgt, i), llama_vocab_get_text(dft, i)) != 0) {
+            why = string_format("token %d differs (target '%s', draft '%s')", i, llama_vocab_get_text(tgt, i),
+                    llama_vocab_get_text(dft, i));
+            return false;
+        }
+    }
+    return true;
+}
+
+common_spec_prefill * common_spec_prefill_init(const common_params & params, const llama_model * model_tgt,
+        std::string & error) {
+    const auto & spp = params.spec_prefill;
+
+    if (const char * problem = common_spec_prefill_select_params_check(spp.select)) {
+        error = std::string("speculative prefill: ") + problem;
+        return nullptr;
+    }
+
+    common_params params_dft = params;
+    params_dft.model = !spp.mparams.path.empty() ? spp.mparams : params.speculative.draft.mparams;
+    if (params_dft.model.path.empty()) {
+        error = "speculative prefill needs a draft model: pass -mpd FILE (or --spec-draft-model)";
+        return nullptr;
+    }
+    params_dft.n_gpu_layers = spp.n_gpu_layers;
+    if (!spp.devices.empty()) {
+        params_dft.devices = spp.devices;
+    }
+    params_dft.tensor_buft_overrides.clear();
+    params_dft.lora_adapters.clear();
+
+    auto mparams = common_model_params_to_llama(params_dft);
+    llama_model_ptr model(llama_model_load_from_file(params_dft.model.path.c_str(), mparams));
+    if (!model) {
+        error = "speculative prefill: failed to load the draft model '" + params_dft.model.path + "'";
+        return nullptr;
+    }
+
+    std::string why;
+    if (!spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model.get()), why)) {
+        error = "speculative prefill: the draft '" + params_dft.model.path + "' does not share the target's "
+                "vocabulary: " + why;
+        return nullptr;
+    }
+
+    auto * sp = new common_spec_prefill;
+    sp->params          = spp;
+    sp->n_threads       = params.cpuparams.n_threads;
+    sp->n_threads_batch = params.cpuparams_batch.n_threads > 0 ? params.cpuparams_batch.n_threads : params.cpuparams.n_threads;
+    sp->n_batch         = std::max(1, params.n_batch);
+    sp->n_ubatch        = std::max(1, std::min(params.n_ubatch, params.n_batch));
+    sp->flash_attn_type = params.flash_attn_type;
+    sp->vocab           = llama_model_get_vocab(model.get());
+    sp->n_layer         = llama_model_n_layer(model.get());
+    sp->n_swa           = llama_model_n_swa(model.get());
+    sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model.get());
+    sp->model           = std::move(model);
+    sp->layer_usable.assign(sp->n_layer, 0);
+    sp->layer_seen.assign(sp->n_layer, 0);
+
+    const int32_t n_window_min = spp.window > 0 ? spp.window + SPEC_PREFILL_N_SINK + spp.lookahead : 512;
+    if (sp->n_ctx_max < n_window_min) {
+        error = string_format("speculative prefill: --spec-prefill-ctx %d cannot hold a window of %d tokens",
+                sp->n_ctx_max, n_window_min);
+        delete sp;
+        return nullptr;
+    }
+
+    LOG_INF("%s: draft '%s': %d layers, sliding window %d, up to %d KV cells\n", __func__,
+            params_dft.model.path.c_str(), sp->n_layer, sp->n_swa, sp->n_ctx_max);
+    return sp;
+}
+
+void common_spec_prefill_free(common_spec_prefill * sp) {
+    delete sp;
+}
+
+//
+// planning: windows, and the context shape they need
+//
+
+struct spec_prefill_window_seq {
+    int32_t begin; // the window's own tokens: prompt[begin, end)
+    int32_t end;
+    std::vector<llama_token> tokens; // sink prefix + own tokens + question
+    int32_t key0;  // index of the first own token in `tokens`
+};
+
+struct spec_prefill_plan {
+    std::vector<spec_prefill_window_seq> windows;
+    int32_t n_seq   = 1; // windows per round
+    int32_t n_cells = 0; // cells per sequence
+};
+
+static int32_t spec_prefill_n_question(const common_spec_prefill * sp) {
+    return std::max(SPEC_PREFILL_N_QUESTION_MIN, sp->params.select.keep_last);
+}
+
+static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, const llama_tokens & prompt) {
+    const int32_t n_prompt   = (int32_t) prompt.size();
+    const int32_t n_look     = sp->params.lookahead;
+    const int32_t n_question = spec_prefill_n_question(sp);
+
+    int32_t window = sp->params.window;
+    if (window <= 0 && n_prompt + n_look > sp->n_ctx_max) {
+        // the largest window whose sequence (sinks + window + question + lookahead) fits the draft context
+        window = std::max(256, sp->n_ctx_max - SPEC_PREFILL_N_SINK - n_question - n_look);
+    }
+
+    spec_prefill_plan plan;
+    const auto spans = common_spec_prefill_plan_windows(n_prompt, window);
+    for (size_t w = 0; w < spans.size(); ++w) {
+        spec_prefill_window_seq seq;
+        seq.begin = spans[w].begin;
+        seq.end   = spans[w].end;
+        const int32_t n_sink = w == 0 ? 0 : std::min(SPEC_PREFILL_N_SINK, seq.begin);
+        seq.tokens.assign(prompt.begin(), prompt.begin() + n_sink);
+        seq.key0 = n_sink;
+        seq.tokens.insert(seq.tokens.end(), prompt.begin() + seq.begin, prompt.begin() + seq.end);
+        if (w + 1 < spans.size()) {
+            // the question continues the window where they meet, so no token appears twice
+            const int32_t q0 = std::max(seq.end, n_prompt - n_question);
+            seq.tokens.insert(seq.tokens.end(), prompt.begin() + q0, prompt.end());
+        }
+        plan.n_cells = std::max(plan.n_cells, (int32_t) seq.tokens.size() + n_look);
+        plan.windows.push_back(std::move(seq));
+    }
+    const int32_t n_fit = std::max(1, sp->n_ctx_max / std::max(1, plan.n_cells));
+    plan.n_seq = std::min<int32_t>((int32_t) plan.windows.size(), n_fit);
+    return plan;
+}
+
+// (re)create the draft context when the plan needs more sequences or cells than the current one has
+static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int32_t n_cells) {
+    // round up, so that slightly longer prompts reuse the context
+    n_cells = GGML_PAD(n_cells, 1024);
+    if (sp->ctx && sp->ctx_n_seq == n_seq && sp->ctx_n_cells >= n_cells) {
+        return true;
+    }
+    sp->ctx.reset();
+
+    auto cparams = llama_context_default_params();
+    cparams.n_ctx           = (uint32_t) n_seq * n_cells;
+    cparams.n_seq_max       = n_seq;
+    cparams.kv_unified      = false; // one KV stream per sequence: cell j is position j
+    cparams.n_batch         = sp->n_batch;
+    cparams.n_ubatch        = sp->n_ubatch;
+    cparams.n_threads       = sp->n_threads;
+    cparams.n_threads_batch = sp->n_threads_batch;
+    cparams.flash_attn_type = sp->flash_attn_type;
+    cparams.type_k          = GGML_TYPE_F16;
+    cparams.type_v          = GGML_TYPE_F16; // the plain attention path needs a V cache it can transpose
+    cparams.cb_eval           = spec_prefill_eval_cb;
+    cparams.cb_eval_user_data = sp;
+    cparams.no_perf         = true;
+
+    sp->ctx.reset(llama_init_from_model(sp->model.get(), cparams));
+    if (!sp->ctx) {
+        sp->ctx_n_seq = sp->ctx_n_cells = 0;
+        return false;
+    }
+    // the query steps decode one token per sequence: only they take the non-flash path
+    llama_set_plain_attn_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
+    sp->ctx_n_seq   = n_seq;
+    sp->ctx_n_cells = (int32_t) llama_n_ctx_seq(sp->ctx.get());
+    return true;
+}
+
+bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
+    const llama_tokens dummy(std::max(1, n_prompt), 0);
+    const auto plan = spec_prefill_make_plan(sp, dummy);
+    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells)) {
+        LOG_ERR("%s: cannot create a draft context of %d x %d cells\n", __func__, plan.n_seq, plan.n_cells);
+        return false;
+    }
+    return true;
+}
+
+//
+// scoring
+//
+
+// score one round of windows, side by side as the sequences of one batch; writes their scores into `scores`
+static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector<spec_prefill_window_seq *> & round,
+        int32_t n_prompt, std::vector<float> & scores, int32_t & n_rows, std::string & error) {
+    llama_context * ctx = sp->ctx.get();
+    llama_memory_t  mem = llama_get_memory(ctx);
+    const int32_t n_seq  = (int32_t) round.size();
+    const int32_t n_look = sp->params.lookahead;
+
+    llama_memory_clear(mem, false);
+
+    // which layers see every key of the longest sequence of this round
+    int32_t n_cells_max = 0;
+    for (const auto * w : round) {
+        n_cells_max = std::max(n_cells_max, (int32_t) w->tokens.size() + n_look);
+    }
+    for (int32_t il = 0; il < sp->n_layer; ++il) {
+        sp->layer_usable[il] = !llama_model_is_swa_layer(sp->model.get(), il) || sp->n_swa >= n_cells_max;
+    }
+
+    llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
+    auto add = [&](llama_token tok, llama_pos pos, llama_seq_id seq, bool output) {
+        const int32_t i = batch.n_tokens++;
+        batch.token[i]     = tok;
+        batch.pos[i]       = pos;
+        batch.n_seq_id[i]  = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i]    = output;
+    };
+    auto flush = [&]() -> bool {
+        if (batch.n_tokens == 0) {
+            return true;
+        }
+        const int32_t ret = llama_decode(ctx, batch);
+        batch.n_tokens = 0;
+        if (ret != 0) {
+            error = string_format("draft decode failed (%d)", ret);
+            return false;
+        }
+        return true;
+    };
+
+    // 1. every window but its last token, with flash attention, no outputs
+    bool ok = true;
+    for (int32_t s = 0; s < n_seq && ok; ++s) {
+        const auto & toks = round[s]->tokens;
+        for (int32_t p = 0; p + 1 < (int32_t) toks.size() && ok; ++p) {
+            add(toks[p], p, s, false);
+            if (batch.n_tokens == sp->n_batch) {
+                ok = flush();
+            }
+        }
+    }
+    ok = ok && flush();
+
+    // each sequence holds positions [0, len - 1) in cells [0, len - 1)
+    for (int32_t s = 0; s < n_seq && ok; ++s) {
+        const int32_t   len   = (int32_t) round[s]->tokens.size();
+        const llama_pos p_min = llama_memory_seq_pos_min(mem, s);
+        const llama_pos p_max = llama_memory_seq_pos_max(mem, s);
+        if (len > 1 && (p_min != 0 || p_max != len - 2)) {
+            error = string_format("draft sequence %d holds positions [%d, %d], expected [0, %d]", s, p_min, p_max, len - 2);
+            ok = false;
+        }
+    }
+
+    // 2. query steps, one token per sequence: the prompt's last token, then greedy lookahead tokens
+    sp->streams.assign(n_seq, {});
+    for (int32_t s = 0; s < n_seq; ++s) {
+        auto & st = sp->streams[s];
+        st.scores = common_spec_prefill_scores_init(round[s]->end - round[s]->begin, sp->params.pool_kernel,
+                sp->n_threads_batch);
+        st.key0   = round[s]->key0;
+        st.n_norm = (int32_t) round[s]->tokens.size();
+    }
+    std::vector<llama_token> next(n_seq);
+    for (int32_t s = 0; s < n_seq; ++s) {
+        next[s] = round[s]->tokens.back();
+    }
+
+    const int32_t n_vocab = llama_vocab_n_tokens(sp->vocab);
+    for (int32_t k = 0; k < n_look && ok; ++k) {
+        for (int32_t s = 0; s < n_seq; ++s) {
+            auto & st = sp->streams[s];
+            const int32_t len = (int32_t) round[s]->tokens.size();
+            st.n_cells = len + k;
+            st.n_added = 0;
+            if (!st.done) {
+                common_spec_prefill_scores_begin_row(st.scores);
+            }
+            // finished sequences still decode, so that every step holds all streams in order
+            add(next[s], len - 1 + k, s, true);
+        }
+        sp->capture = true;
+        ok = flush();
+        sp->capture = false;
+        if (ok && !sp->capture_error.empty()) {
+            error = sp->capture_error;
+            ok = false;
+        }
+        bool all_done = true;
+        for (int32_t s = 0; s < n_seq && ok; ++s) {
+            auto & st = sp->streams[s];
+            if (st.done) {
+                continue;
+            }
+            if (st.n_added == 0) {
+                error = string_format("no attention rows were captured: no draft layer sees all %d tokens of a "
+                        "window (sliding window %d); lower --spec-prefill-window", n_cells_max, sp->n_swa);
+                ok = false;
+                break;
+            }
+            common_spec_prefill_scores_end_row(st.scores);
+            n_rows++;
+
+            const float * logits = llama_get_logits_ith(ctx, s);
+            next[s] = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+            st.done = llama_vocab_is_eog(sp->vocab, next[s]);
+            all_done = all_done && st.done;
+        }
+        if (all_done) {
+            break;
+        }
+    }
+
+    for (int32_t s = 0; s < n_seq; ++s) {
+        if (ok) {
+            // renormalised over n_norm keys, a window's rows compare to a full-prompt row once scaled by
+            // n_norm / n_prompt (a uniform row then scores 1/n_prompt everywhere)
+            const float scale = (float) sp->streams[s].n_norm / (float) n_prompt;
+            common_spec_prefill_scores_get(sp->streams[s].scores, scale, scores.data() + round[s]->begin);
+        }
+        common_spec_prefill_scores_free(sp->streams[s].scores);
+    }
+    sp->streams.clear();
+    llama_batch_free(batch);
+    llama_memory_clear(mem, false);
+    return ok;
+}
+
+common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, const llama_tokens & prompt) {
+    const int64_t t_start = ggml_time_us();
+
+    common_spec_prefill_result res;
+    res.n_prompt = (int32_t) prompt.size();
+    auto full = [&](enum common_spec_prefill_status status, const std::string & reason) {
+        res.status = status;
+        res.reason = reason;
+        res.kept.resize(res.n_prompt);
+        for (int32_t i = 0; i < res.n_prompt; ++i) {
+            res.kept[i] = i;
+        }
+        res.t_score_ms = (ggml_time_us() - t_start) / 1000.0;
+        return res;
+    };
+
+    if (res.n_prompt < std::max(1, sp->params.min_tokens)) {
+        return full(COMMON_SPEC_PREFILL_SHORT, string_format("%d prompt tokens, below --spec-prefill-min-tokens %d",
+                res.n_prompt, sp->params.min_tokens));
+    }
+
+    auto plan = spec_prefill_make_plan(sp, prompt);
+    res.n_windows  = (int32_t) plan.windows.size();
+    res.n_parallel = plan.n_seq;
+
+    const int64_t t_setup = ggml_time_us();
+    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells)) {
+        return full(COMMON_SPEC_PREFILL_FAILED, string_format("cannot create a draft context of %d x %d cells",
+                plan.n_seq, plan.n_cells));
+    }
+    res.t_setup_ms = (ggml_time_us() - t_setup) / 1000.0;
+
+    res.scores.assign(res.n_prompt, 0.0f);
+    sp->capture_error.clear();
+    sp->n_layers_used = 0;
+    std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
+
+    std::string error;
+    for (size_t w0 = 0; w0 < plan.windows.size(); w0 += plan.n_seq) {
+        std::vector<spec_prefill_window_seq *> round;
+        for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
+            round.push_back(&plan.windows[w]);
+        }
+        if (!spec_prefill_score_round(sp, round, res.n_prompt, res.scores, res.n_rows, error)) {
+            res.scores.clear();
+            LOG_WRN("%s: scoring failed, prefilling in full: %s\n", __func__, error.c_str());
+            return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
+        }
+    }
+    res.n_layers = sp->n_layers_used;
+
+    auto kept = common_spec_prefill_select(res.scores.data(), res.n_prompt, sp->params.select);
+    if ((int32_t) kept.size() >= res.n_prompt) {
+        return full(COMMON_SPEC_PREFILL_KEPT_ALL, "the selection kept every token");
+    }
+    res.status     = COMMON_SPEC_PREFILL_SPARSE;
+    res.kept       = std::move(kept);
+    res.t_score_ms = (ggml_time_us() - t_start) / 1000.0;
+    return res;
+}
+
+int32_t common_spec_prefill_decode(llama_context * ctx, llama_seq_id seq, const llama_tokens & prompt,
+        const std::vector<int32_t> & kept, int32_t n_batch) {
+    n_batch = std::max(1, n_batch);
+    llama_batch batch = llama_batch_init(n_batch, 0, 1);
+    int32_t ret = 0;
+    for (size_t i0 = 0; i0 < kept.size() && ret == 0; i0 += n_batch) {
+        const size_t i1 = std::min(kept.size(), i0 + n_batch);
+        batch.n_tokens = 0;
+        for (size_t i = i0; i < i1; ++i) {
+            const int32_t j = batch.n_tokens++;
+            batch.token[j]     = prompt[kept[i]];
+            batch.pos[j]       = kept[i];
+            batch.n_seq_id[j]  = 1;
+            batch.seq_id[j][0] = seq;
+            batch.logits[j]    = i + 1 == kept.size();
+        }
+        ret = llama_decode(ctx, batch);
+    }
+    llama_batch_free(batch);
+    return ret;
+}

@@ -1,0 +1,284 @@
+// llama-specprefill: speculative prefill of one prompt, with its phases timed, and optionally the same prompt with a
+// full prefill in the same process for comparison (--baseline). See common/spec-prefill.h.
+
+#include "arg.h"
+#include "common.h"
+#include "json.h"
+#include "log.h"
+#include "sampling.h"
+#include "spec-prefill.h"
+#include "llama.h"
+#include "../src/llama-ext.h"
+
+#include <algorithm>
+#include <clocale>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+// this tool's own options, taken out of argv before the common parser sees it
+struct tool_options {
+    bool        baseline = false;
+    std::string json_path;
+};
+
+static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
+    int out = 1;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--baseline") == 0) {
+            opts.baseline = true;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "error: --json needs a file name\n");
+                return false;
+            }
+            opts.json_path = argv[++i];
+        } else {
+            if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+                printf("llama-specprefill -m TARGET -mpd DRAFT (-p PROMPT | -f FILE) [options]\n\n"
+                       "  --baseline     also prefill the whole prompt in this process and compare the TTFTs\n"
+                       "  --json FILE    write the kept positions, the per-token scores and the timings as JSON\n\n");
+            }
+            argv[out++] = argv[i];
+        }
+    }
+    argc = out;
+    return true;
+}
+
+struct run_result {
+    double t_score_ms   = 0.0;
+    double t_setup_ms   = 0.0;
+    double t_prefill_ms = 0.0;
+    double t_ttft_ms    = 0.0;
+    double t_decode_ms  = 0.0;
+    int    n_prefilled  = 0;
+    std::vector<llama_token> tokens; // generated
+    std::string text;
+    std::vector<llama_pos> kv_positions; // what the target's attention KV holds afterwards
+    common_spec_prefill_result sp;
+};
+
+static double ms_since(int64_t t_us) {
+    return (ggml_time_us() - t_us) / 1000.0;
+}
+
+// prefill `kept` (all positions for a full prefill), then generate; the TTFT clock starts before the scoring
+static bool run_prompt(llama_context * ctx, common_params & params, const llama_tokens & prompt,
+        common_spec_prefill * sp, run_result & out) {
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    llama_memory_clear(llama_get_memory(ctx), false);
+
+    const int64_t t_start = ggml_time_us();
+    if (sp) {
+        out.sp = common_spec_prefill_run(sp, prompt);
+        out.t_score_ms = out.sp.t_score_ms;
+        out.t_setup_ms = out.sp.t_setup_ms;
+    } else {
+        out.sp.status   = COMMON_SPEC_PREFILL_KEPT_ALL;
+        out.sp.n_prompt = (int32_t) prompt.size();
+        for (int32_t i = 0; i < (int32_t) prompt.size(); ++i) {
+            out.sp.kept.push_back(i);
+        }
+    }
+
+    const int64_t t_prefill = ggml_time_us();
+    llama_set_allow_pos_gaps(ctx, out.sp.sparse());
+    if (common_spec_prefill_decode(ctx, 0, prompt, out.sp.kept, params.n_batch) != 0) {
+        LOG_ERR("%s: prefill of %zu tokens failed\n", __func__, out.sp.kept.size());
+        return false;
+    }
+    out.n_prefilled  = (int) out.sp.kept.size();
+    out.t_prefill_ms = ms_since(t_prefill);
+
+    common_sampler * smpl = common_sampler_init(llama_get_model(ctx), params.sampling);
+    llama_token id = common_sampler_sample(smpl, ctx, -1);
+    common_sampler_accept(smpl, id, true);
+    out.t_ttft_ms = ms_since(t_start);
+
+    const int n_ctx   = (int) llama_n_ctx(ctx);
+    const int n_limit = params.n_predict < 0 ? n_ctx - (int) prompt.size() : params.n_predict;
+    const int64_t t_decode = ggml_time_us();
+    bool ok = true;
+    while (true) {
+        if (llama_vocab_is_eog(vocab, id)) {
+            break;
+        }
+        out.tokens.push_back(id);
+        out.text += common_token_to_piece(ctx, id);
+        if ((int) out.tokens.size() >= n_limit) {
+            break;
+        }
+        // generation continues at position N (the full prompt length), also after a sparse prefill
+        llama_batch batch = llama_batch_get_one(&id, 1);
+        if (llama_decode(ctx, batch) != 0) {
+            LOG_ERR("%s: decode failed after %zu tokens\n", __func__, out.tokens.size());
+            ok = false;
+            break;
+        }
+        id = common_sampler_sample(smpl, ctx, -1);
+        common_sampler_accept(smpl, id, true);
+    }
+    out.t_decode_ms = ms_since(t_decode);
+    common_sampler_free(smpl);
+
+    out.kv_positions = llama_memory_seq_positions(llama_get_memory(ctx), 0);
+    return ok;
+}
+
+static void print_run(const char * title, const run_result & r) {
+    LOG("%s\n", title);
+    if (r.t_score_ms > 0.0) {
+        LOG("  score      %9.1f ms", r.t_score_ms);
+        if (r.t_setup_ms > 0.0) {
+            LOG("  (draft context setup %.1f ms)", r.t_setup_ms);
+        }
+        LOG("\n");
+    }
+    LOG("  prefill    %9.1f ms  %d tokens\n", r.t_prefill_ms, r.n_prefilled);
+    LOG("  TTFT       %9.1f ms\n", r.t_ttft_ms);
+    LOG("  decode     %9.1f ms  %zu tokens (%.1f t/s)\n", r.t_decode_ms, r.tokens.size(),
+            r.t_decode_ms > 0.0 ? 1000.0 * r.tokens.size() / r.t_decode_ms : 0.0);
+}
+
+static common_json run_json(const run_result & r) {
+    common_json j;
+    j["prefill_ms"]   = r.t_prefill_ms;
+    j["ttft_ms"]      = r.t_ttft_ms;
+    j["decode_ms"]    = r.t_decode_ms;
+    j["n_prefilled"]  = r.n_prefilled;
+    j["n_decoded"]    = (int) r.tokens.size();
+    j["tokens"]       = std::vector<int>(r.tokens.begin(), r.tokens.end());
+    j["text"]         = r.text;
+    j["kv_positions"] = std::vector<int>(r.kv_positions.begin(), r.kv_positions.end());
+    return j;
+}
+
+int main(int argc, char ** argv) {
+    std::setlocale(LC_NUMERIC, "C");
+
+    tool_options opts;
+    if (!take_tool_options(argc, argv, opts)) {
+        return 1;
+    }
+
+    common_params params;
+    common_init();
+    if (!common_params_parse(argc, argv, params, LLAMA_EXAMPLE_SPECULATIVE)) {
+        return 1;
+    }
+    params.spec_prefill.enabled = true;
+
+    if (params.prompt.empty()) {
+        LOG_ERR("error: empty prompt: pass -p PROMPT or -f FILE\n");
+        return 1;
+    }
+    const auto & draft = !params.spec_prefill.mparams.path.empty() ? params.spec_prefill.mparams : params.speculative.draft.mparams;
+    if (draft.path.empty()) {
+        LOG_ERR("error: no draft model: pass -mpd DRAFT (the model that scores the prompt)\n");
+        return 1;
+    }
+    if (!std::ifstream(draft.path).good()) {
+        LOG_ERR("error: draft model '%s' not found\n", draft.path.c_str());
+        return 1;
+    }
+
+    llama_backend_init();
+    llama_numa_init(params.numa);
+
+    auto init = common_init_from_params(params);
+    llama_model   * model = init->model();
+    llama_context * ctx   = init->context();
+    if (model == nullptr || ctx == nullptr) {
+        LOG_ERR("error: failed to load the target model '%s'\n", params.model.path.c_str());
+        return 1;
+    }
+
+    const llama_tokens prompt = common_tokenize(ctx, params.prompt, true, true);
+    const int n_prompt = (int) prompt.size();
+    const int n_ctx    = (int) llama_n_ctx(ctx);
+    if (n_prompt == 0) {
+        LOG_ERR("error: empty prompt: it has no tokens\n");
+        return 1;
+    }
+    if (n_prompt + std::max(params.n_predict, 1) > n_ctx) {
+        LOG_ERR("error: the prompt (%d tokens) and %d generated tokens do not fit the target context (%d tokens); "
+                "raise -c or shorten the prompt\n", n_prompt, std::max(params.n_predict, 1), n_ctx);
+        return 1;
+    }
+
+    std::string error;
+    common_spec_prefill * sp = common_spec_prefill_init(params, model, error);
+    if (sp == nullptr) {
+        LOG_ERR("error: %s\n", error.c_str());
+        return 1;
+    }
+    // the draft context a long prompt needs is made once per shape (a server keeps it); make it before the clock
+    const int64_t t_setup = ggml_time_us();
+    if (!common_spec_prefill_prepare(sp, n_prompt)) {
+        common_spec_prefill_free(sp);
+        return 1;
+    }
+    const double t_setup_ms = ms_since(t_setup);
+
+    run_result base;
+    if (opts.baseline && !run_prompt(ctx, params, prompt, nullptr, base)) {
+        common_spec_prefill_free(sp);
+        return 1;
+    }
+    run_result spec;
+    if (!run_prompt(ctx, params, prompt, sp, spec)) {
+        common_spec_prefill_free(sp);
+        return 1;
+    }
+
+    const auto & res = spec.sp;
+    LOG("\n%s\n\n", spec.text.c_str());
+    LOG("speculative prefill: %s, kept %zu of %d prompt tokens (%.1f%%)", common_spec_prefill_status_name(res.status),
+            res.kept.size(), n_prompt, 100.0 * res.kept.size() / n_prompt);
+    if (!res.reason.empty()) {
+        LOG(": %s", res.reason.c_str());
+    }
+    LOG("\n  %d window(s), %d side by side, %d query rows, %d draft layers; draft context setup %.1f ms\n",
+            res.n_windows, res.n_parallel, res.n_rows, res.n_layers, t_setup_ms);
+    print_run("speculative prefill", spec);
+    if (opts.baseline) {
+        print_run("baseline (full prefill)", base);
+        LOG("TTFT speedup %.2fx; generated tokens %s\n", base.t_ttft_ms / spec.t_ttft_ms,
+                base.tokens == spec.tokens ? "identical" : "differ");
+    }
+
+    if (!opts.json_path.empty()) {
+        common_json j;
+        j["n_prompt"]       = n_prompt;
+        j["status"]         = common_spec_prefill_status_name(res.status);
+        j["reason"]         = res.reason;
+        j["n_windows"]      = res.n_windows;
+        j["n_parallel"]     = res.n_parallel;
+        j["n_rows"]         = res.n_rows;
+        j["n_layers"]       = res.n_layers;
+        j["kept"]           = res.kept;
+        j["scores"]         = res.scores;
+        j["setup_ms"]       = t_setup_ms;
+        j["score_ms"]       = spec.t_score_ms;
+        j["score_setup_ms"] = spec.t_setup_ms;
+        j["run"]            = run_json(spec);
+        if (opts.baseline) {
+            j["baseline"] = run_json(base);
+            j["speedup"]  = base.t_ttft_ms / spec.t_ttft_ms;
+        }
+        std::ofstream f(opts.json_path);
+        f << j.dump(1) << "\n";
+        if (!f.good()) {
+            LOG_ERR("error: cannot write %s\n", opts.json_path.c_str());
+            common_spec_prefill_free(sp);
+            return 1;
+        }
+    }
+
+    common_spec_prefill_free(sp);
+    llama_backend_free();
+    return 0;
+}
