@@ -231,22 +231,52 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
     if _am_in_progress(repo):
         repo.git.am("--abort")
     TreeState.clear(repo)
-    repo.git.checkout("--force", "-B", BRANCH, pin.commit)
-    repo.git.clean("-fdq")
 
-    overlay_commit, n_overlay = _commit_overlay(repo, project)
-    applied = []
-    try:
-        for patch in read_series(project):
-            _apply_one(repo, patch, stop_at_conflict)
-            applied.append(patch.name)
-    except PatchConflict:
-        if not stop_at_conflict:
+    if stop_at_conflict:
+        # apply in the tree itself, so that a conflict stays there to be resolved
+        repo.git.checkout("--force", "-B", BRANCH, pin.commit)
+        repo.git.clean("-fdq")
+        overlay_commit, n_overlay, applied = _build_branch(repo, project, stop_at_conflict=True)
+    else:
+        try:
+            head, overlay_commit, n_overlay, applied = _build_branch_aside(repo, project, pin)
+        except PatchConflict:
+            # leave the pristine pin, so that no half-patched tree gets built
             repo.git.checkout("--force", "-B", BRANCH, pin.commit)
             repo.git.clean("-fdq")
-        raise
+            raise
+        # moving the branch rewrites only the files whose content changed, so a rebuild recompiles only those
+        repo.git.checkout("--force", "-B", BRANCH, head)
+        repo.git.clean("-fdq")
     TreeState(wanted, repo.head.commit.hexsha, overlay_commit, applied).save(repo)
     return PatchResult(applied, n_overlay, reused=False)
+
+
+def _build_branch(repo: git.Repo, project: Project, *, stop_at_conflict: bool) -> tuple[str, int, list[str]]:
+    """Commit the overlay and apply the series on the checked-out commit of `repo`."""
+    overlay_commit, n_overlay = _commit_overlay(repo, project)
+    applied = []
+    for patch in read_series(project):
+        _apply_one(repo, patch, stop_at_conflict)
+        applied.append(patch.name)
+    return overlay_commit, n_overlay, applied
+
+
+def _build_branch_aside(repo: git.Repo, project: Project, pin: Pin) -> tuple[str, str, int, list[str]]:
+    """Build the patched commits in a scratch worktree at the pin, leaving the tree's files untouched; return the
+    head commit, the overlay commit, the overlay's file count and the applied patches."""
+    tree = Path(repo.working_tree_dir or "").resolve()
+    scratch = tree.with_name(tree.name + ".apply")
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    repo.git.worktree("prune")
+    repo.git.worktree("add", "--detach", "--force", str(scratch), pin.commit)
+    try:
+        aside = git.Repo(scratch)
+        overlay_commit, n_overlay, applied = _build_branch(aside, project, stop_at_conflict=False)
+        return aside.head.commit.hexsha, overlay_commit, n_overlay, applied
+    finally:
+        repo.git.worktree("remove", "--force", str(scratch))
 
 
 @dataclass
@@ -266,6 +296,15 @@ def _overlay_commit(repo: git.Repo, pin: Pin) -> str:
         f"the tree's branch does not start with the `{OVERLAY_SUBJECT}` commit",
         hint="Run `spbuild patch` to create the branch, then commit your work on top of it.",
     )
+
+
+def _commit_files(repo: git.Repo, commit: str, base: str) -> dict[str, bytes]:
+    """The files `commit` adds or changes relative to `base`, with their content."""
+    paths = [p for p in repo.git.diff_tree("-r", "--name-only", "--no-commit-id", base, commit).split() if p]
+    return {
+        rel: repo.git.execute(["git", "show", f"{commit}:{rel}"], stdout_as_string=False, strip_newline_in_stdout=False)
+        for rel in paths
+    }
 
 
 def export_series(project: Project, pin: Pin, tree: Path, *, check: bool = False) -> ExportResult:
@@ -293,29 +332,42 @@ def export_series(project: Project, pin: Pin, tree: Path, *, check: bool = False
     removed = sorted(set(old) - set(new))
     series_changed = project.series_file.read_text(encoding="utf-8") != series_text
 
-    overlay_paths = [p for p in repo.git.diff_tree("-r", "--name-only", "--no-commit-id", pin.commit, overlay).split() if p]
-    synced = []
-    for rel in overlay_paths:
-        content = repo.git.execute(["git", "show", f"{overlay}:{rel}"], stdout_as_string=False, strip_newline_in_stdout=False)
-        target = project.overlay_dir / rel
-        if not target.is_file() or target.read_bytes() != content:
-            synced.append(rel)
-            if not check:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-    stale_overlay = [str(r) for r in overlay_files(project) if str(r) not in overlay_paths]
-    synced += [f"{r} (removed)" for r in stale_overlay]
+    # cpp/ is the overlay's source of truth; only an overlay commit amended in the tree flows back into it, and only
+    # when cpp/ has not changed since that tree was patched (else one side's work would be lost)
+    state = TreeState.load(repo)
+    overlay_tree = _commit_files(repo, overlay, pin.commit)
+    synced: list[str] = []
+    stale_overlay: list[str] = []
+    if state is not None and state.overlay_commit != overlay:
+        applied_overlay = _commit_files(repo, state.overlay_commit, pin.commit)
+        current = {str(rel): (project.overlay_dir / rel).read_bytes() for rel in overlay_files(project)}
+        if current != applied_overlay:
+            raise SpbuildError(
+                "the overlay commit was amended in the tree, and cpp/ changed too since the tree was patched",
+                hint="Keep one: move your cpp/ edits into the tree's overlay commit, or run `spbuild patch --force`.",
+            )
+        synced = [rel for rel, content in overlay_tree.items() if current.get(rel) != content]
+        stale_overlay = sorted(set(current) - set(overlay_tree))
+    overlay_changed = bool(synced or stale_overlay)
 
-    changed = bool(written or removed or series_changed or synced)
+    changed = bool(written or removed or series_changed or overlay_changed)
     if check or not changed:
-        return ExportResult(written, removed, synced, changed)
+        return ExportResult(written, removed, synced + [f"{r} (removed)" for r in stale_overlay], changed)
 
     for name in removed:
         (project.patches_dir / name).unlink()
     for name in written:
         (project.patches_dir / name).write_bytes(new[name])
     project.series_file.write_text(series_text, encoding="utf-8")
+    for rel in synced:
+        target = project.overlay_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(overlay_tree[rel])
     for rel in stale_overlay:
         (project.overlay_dir / rel).unlink()
-    TreeState(fingerprint(project, pin), repo.head.commit.hexsha, overlay, sorted(new)).save(repo)
+    # the tree matches the project only if cpp/ is what its overlay commit holds; else the next patch re-applies
+    in_sync = {str(rel): (project.overlay_dir / rel).read_bytes() for rel in overlay_files(project)} == overlay_tree
+    recorded = fingerprint(project, pin) if in_sync else "stale: cpp/ differs from the tree's overlay"
+    TreeState(recorded, repo.head.commit.hexsha, overlay, sorted(new)).save(repo)
+    synced += [f"{r} (removed)" for r in stale_overlay]
     return ExportResult(written, removed, synced, changed)

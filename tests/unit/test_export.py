@@ -118,3 +118,39 @@ def test_export_refuses_a_packaged_project(project, pin, applied):
     packaged = Project(project.root, is_checkout=False)
     with pytest.raises(SpbuildError, match="checkout"):
         patches.export_series(packaged, pin, applied)
+
+
+def test_export_keeps_cpp_files_added_after_the_apply(project, pin, applied):
+    """cpp/ is the source of truth: files added or edited there after the tree was patched survive an export, and the
+    next apply brings them into the tree."""
+    added = project.overlay_dir / "tools" / "new-tool" / "main.cpp"
+    added.parent.mkdir(parents=True)
+    added.write_text("int main() { return 0; }\n")
+    edited = project.overlay_dir / "common" / "new-file.cpp"
+    edited.write_text(edited.read_text() + "// edited in cpp/\n")
+    before = project_files(project)
+
+    result = patches.export_series(project, pin, applied)
+
+    assert project_files(project) == before
+    assert result.overlay_synced == []
+    reapplied = patches.apply_series(project, pin, applied)
+    assert not reapplied.reused
+    assert (applied / "tools" / "new-tool" / "main.cpp").read_text() == "int main() { return 0; }\n"
+    assert (applied / "common" / "new-file.cpp").read_text().endswith("// edited in cpp/\n")
+
+
+def test_export_refuses_when_both_overlay_and_cpp_changed(h, project, pin, applied):
+    overlay = h.git(applied, "rev-parse", "HEAD~2")
+    h.git(applied, "checkout", "-q", "--detach", overlay)
+    (applied / "common" / "new-file.cpp").write_text("// amended in the tree\n")
+    h.git(applied, "commit", "-q", "-a", "--amend", "--no-edit")
+    new_overlay = h.git(applied, "rev-parse", "HEAD")
+    h.git(applied, "checkout", "-q", patches.BRANCH)
+    h.git(applied, "rebase", "-q", "--onto", new_overlay, overlay, patches.BRANCH)
+    (project.overlay_dir / "common" / "new-file.cpp").write_text("// edited in cpp/ as well\n")
+    before = project_files(project)
+
+    with pytest.raises(SpbuildError, match="cpp/ changed too"):
+        patches.export_series(project, pin, applied)
+    assert project_files(project) == before
