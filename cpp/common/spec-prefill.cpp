@@ -226,8 +226,9 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
 
     const int32_t n_window_min = spp.window > 0 ? spp.window + SPEC_PREFILL_N_SINK + spp.lookahead : 512;
     if (sp->n_ctx_max < n_window_min) {
-        error = string_format("speculative prefill: --spec-prefill-ctx %d cannot hold a window of %d tokens",
-                sp->n_ctx_max, n_window_min);
+        error = string_format("speculative prefill: the draft context (--spec-prefill-ctx, default: the draft's trained "
+                "context) holds %d tokens, fewer than the %d a window needs; raise --spec-prefill-ctx", sp->n_ctx_max,
+                n_window_min);
         delete sp;
         return nullptr;
     }
@@ -400,13 +401,14 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
     ok = ok && flush();
 
-    // each sequence holds positions [0, len - 1) in cells [0, len - 1)
+    // each sequence's attention KV holds positions [0, len - 1), all of them (hybrid memory reports the recurrent
+    // state's single position as its range, so look at the attention positions themselves)
     for (int32_t s = 0; s < n_seq && ok; ++s) {
-        const int32_t   len   = (int32_t) round[s]->tokens.size();
-        const llama_pos p_min = llama_memory_seq_pos_min(mem, s);
-        const llama_pos p_max = llama_memory_seq_pos_max(mem, s);
-        if (len > 1 && (p_min != 0 || p_max != len - 2)) {
-            error = string_format("draft sequence %d holds positions [%d, %d], expected [0, %d]", s, p_min, p_max, len - 2);
+        const int32_t len = (int32_t) round[s]->tokens.size();
+        const std::vector<llama_pos> held = llama_memory_seq_positions(mem, s);
+        if (len > 1 && ((int32_t) held.size() != len - 1 || held.front() != 0 || held.back() != len - 2)) {
+            error = string_format("draft sequence %d holds %zu attention positions, expected 0 to %d", s, held.size(),
+                    len - 2);
             ok = false;
         }
     }

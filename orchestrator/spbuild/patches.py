@@ -106,9 +106,16 @@ def _am_in_progress(repo: git.Repo) -> bool:
     return (Path(repo.git_dir) / "rebase-apply").exists()
 
 
-def local_work(repo: git.Repo, state: TreeState | None) -> list[str]:
-    """What a reset would destroy: uncommitted edits, and commits made after the recorded apply."""
-    work = [f"uncommitted: {p}" for p in _dirty_paths(repo)]
+def local_work(repo: git.Repo, state: TreeState | None, project: Project) -> list[str]:
+    """What a reset would destroy: uncommitted edits, and commits made after the recorded apply. A tree file that
+    equals its cpp/ source is not work: cpp/ keeps it (copying cpp/ files into the tree is how one iterates)."""
+    tree = Path(repo.working_tree_dir or "")
+
+    def is_copy_of_overlay(path: str) -> bool:
+        source = project.overlay_dir / path
+        return source.is_file() and (tree / path).is_file() and source.read_bytes() == (tree / path).read_bytes()
+
+    work = [f"uncommitted: {p}" for p in _dirty_paths(repo) if not is_copy_of_overlay(p)]
     if _am_in_progress(repo):
         work.append("a `git am` session in progress")
     if state is not None and repo.head.is_valid() and repo.head.commit.hexsha != state.head:
@@ -214,7 +221,7 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
     repo = _open(tree)
     wanted = fingerprint(project, pin)
     state = TreeState.load(repo)
-    work = local_work(repo, state)
+    work = local_work(repo, state, project)
 
     if state is not None and state.fingerprint == wanted and not _am_in_progress(repo):
         notes = []
