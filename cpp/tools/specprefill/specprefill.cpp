@@ -156,9 +156,7 @@ static common_json run_json(const run_result & r) {
     return j;
 }
 
-int main(int argc, char ** argv) {
-    std::setlocale(LC_NUMERIC, "C");
-
+static int run(int argc, char ** argv) {
     tool_options opts;
     if (!take_tool_options(argc, argv, opts)) {
         return 1;
@@ -252,7 +250,12 @@ int main(int argc, char ** argv) {
 
     if (!opts.json_path.empty()) {
         common_json j;
+        std::vector<std::string> pieces;
+        for (llama_token t : prompt) {
+            pieces.push_back(common_token_to_piece(ctx, t));
+        }
         j["n_prompt"]       = n_prompt;
+        j["prompt_pieces"]  = pieces;
         j["status"]         = common_spec_prefill_status_name(res.status);
         j["reason"]         = res.reason;
         j["n_windows"]      = res.n_windows;
@@ -281,4 +284,13 @@ int main(int argc, char ** argv) {
     common_spec_prefill_free(sp);
     llama_backend_free();
     return 0;
+}
+
+int main(int argc, char ** argv) {
+    std::setlocale(LC_NUMERIC, "C");
+
+    const int ret = run(argc, argv);
+    // the log has its own thread: flush it, or the last messages (errors included) are lost at exit
+    common_log_flush(common_log_main());
+    return ret;
 }

@@ -1,0 +1,151 @@
+"""llama-specprefill on tiny random models: what it keeps, what the target's KV then holds, and how it refuses bad
+input. Every run is on the CPU (`--device none`), so any build can run them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TINY_ARCHS, words_prompt
+
+CPU = ("--device", "none")
+# the tiny models' trained context is 256: give the target and the draft room for the test prompts
+ROOMY = ("-c", "8192", "--spec-prefill-ctx", "16384")
+PROMPT = words_prompt(2400)  # about 2,700 tokens of the test tokenizer
+
+
+def run_tool(tool, model, *args, prompt=PROMPT):
+    result = tool.run("-m", model, "-mpd", model, *CPU, *ROOMY, "-n", "6", "--temp", "0",
+                      "--spec-prefill-min-tokens", "256", *args, prompt=prompt)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.report
+
+
+def assert_kv_is_kept_plus_generated(report):
+    """The target's attention KV holds exactly the kept prompt positions and then the generated tokens, from N on."""
+    n = report["n_prompt"]
+    run = report["run"]
+    generated = set(range(n, n + run["n_decoded"] - 1))  # the last sampled token is not decoded
+    assert run["kv_positions"] == sorted(set(report["kept"]) | generated)
+
+
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
+@pytest.mark.parametrize("window", [0, 1024], ids=["full", "windowed"])
+def test_keep_mode_on_each_architecture(tool, tiny_models, arch, window):
+    p, chunk = 0.3, 32
+    report = run_tool(tool, tiny_models[arch], "--spec-prefill-p", str(p), "--spec-prefill-window", str(window))
+    n = report["n_prompt"]
+    assert report["status"] == "sparse", report["reason"]
+    assert report["n_rows"] == 8 * report["n_windows"]  # the test vocabulary has no end-of-generation token
+    assert report["n_layers"] >= 1
+    assert report["n_windows"] == (1 if window == 0 else math.ceil(n / window))
+    assert len(report["scores"]) == n and all(s > 0 for s in report["scores"])
+
+    kept = report["kept"]
+    assert kept == sorted(set(kept)) and kept[0] == 0 and kept[-1] == n - 1
+    n_chunks = math.ceil(n / chunk)
+    forced = set(range(4)) | set(range(n - 64, n))
+    forced_chunks = {c for c in range(n_chunks) if all(i in forced for i in range(c * chunk, min(n, (c + 1) * chunk)))}
+    kept_set = set(kept)
+    chosen = {c for c in range(n_chunks) if c not in forced_chunks
+              and all(i in kept_set for i in range(c * chunk, min(n, (c + 1) * chunk)))}
+    assert len(chosen) == math.ceil(p * n_chunks)  # the top 30% of chunks, besides the always-kept head and tail
+    assert_kv_is_kept_plus_generated(report)
+
+
+def test_mass_mode_keeps_the_requested_share(tool, tiny_models):
+    report = run_tool(tool, tiny_models["llama"], "--spec-prefill-select", "mass", "--spec-prefill-mass", "0.5")
+    scores = np.array(report["scores"], dtype=np.float64)
+    kept = np.array(report["kept"])
+    assert report["status"] == "sparse"
+    assert scores[kept].sum() >= 0.5 * scores.sum() * (1 - 1e-6)
+    assert len(kept) < report["n_prompt"]
+    assert_kv_is_kept_plus_generated(report)
+
+
+def test_runs_are_deterministic(tool, tiny_models):
+    first = run_tool(tool, tiny_models["qwen35"], "--spec-prefill-window", "1024")
+    second = run_tool(tool, tiny_models["qwen35"], "--spec-prefill-window", "1024")
+    assert first["kept"] == second["kept"]
+    assert first["scores"] == second["scores"]
+    assert first["run"]["tokens"] == second["run"]["tokens"]
+
+
+def test_flash_attention_scores_match_the_plain_path(tool, tiny_models):
+    """With flash attention on, the prompt prefill keeps it and only the query rows take the plain path; the scores
+    must match a draft without flash attention anywhere."""
+    with_fa = run_tool(tool, tiny_models["llama"], "-fa", "on")
+    without = run_tool(tool, tiny_models["llama"], "-fa", "off")
+    a, b = np.array(with_fa["scores"]), np.array(without["scores"])
+    assert np.allclose(a, b, rtol=2e-3, atol=1e-7), float(np.max(np.abs(a - b) / b))
+    assert np.argsort(-a)[:50].tolist() == np.argsort(-b)[:50].tolist() or with_fa["kept"] == without["kept"]
+
+
+def test_windows_score_every_token_once(tool, tiny_models):
+    """Windowed scores are a per-window rescaled version of single-window ones: same length, all positive, and each
+    window contributes its own span (no token left at zero, none scored twice)."""
+    report = run_tool(tool, tiny_models["llama"], "--spec-prefill-window", "512")
+    n = report["n_prompt"]
+    assert report["n_windows"] == math.ceil(n / 512)
+    assert report["n_parallel"] >= 2  # windows run side by side as sequences of one batch
+    assert all(s > 0 for s in report["scores"])
+
+
+def test_short_prompt_is_prefilled_in_full_and_says_why(tool, tiny_models):
+    report = run_tool(tool, tiny_models["llama"], "--spec-prefill-min-tokens", "100000")
+    assert report["status"] == "short"
+    assert "min-tokens" in report["reason"]
+    assert report["kept"] == list(range(report["n_prompt"]))
+    assert report["run"]["kv_positions"][: report["n_prompt"]] == list(range(report["n_prompt"]))
+
+
+def test_generation_continues_at_the_full_prompt_length(tool, tiny_models):
+    report = run_tool(tool, tiny_models["gemma3"], "--spec-prefill-p", "0.1")
+    n = report["n_prompt"]
+    assert report["status"] == "sparse"
+    assert report["run"]["kv_positions"][-1] == n + report["run"]["n_decoded"] - 2
+
+
+# bad input: a clear error and a non-zero exit
+
+
+def test_empty_prompt_is_refused(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], *CPU, "-p", "")
+    assert result.returncode != 0
+    assert "empty prompt" in result.stderr
+
+
+def test_prompt_longer_than_the_target_context_is_refused(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], *CPU, "-c", "512", "-n", "4",
+                      prompt=PROMPT)
+    assert result.returncode != 0
+    assert "do not fit the target context" in result.stderr
+
+
+@pytest.mark.parametrize("p", ["0", "1.5", "-0.2"])
+def test_fraction_outside_zero_one_is_refused(tool, tiny_models, p):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], *CPU, "--spec-prefill-p", p,
+                      prompt="alpha beta")
+    assert result.returncode != 0
+    assert "--spec-prefill-p must be in (0, 1]" in result.stderr
+
+
+def test_missing_draft_is_refused(tool, tiny_models, tmp_path):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tmp_path / "nope.gguf", *CPU, prompt="alpha beta")
+    assert result.returncode != 0
+    assert "not found" in result.stderr
+
+
+def test_bad_select_mode_is_refused(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], "--spec-prefill-select", "most",
+                      prompt="alpha beta")
+    assert result.returncode != 0
+    assert "'keep' or 'mass'" in result.stderr
+
+
+def test_draft_with_another_vocabulary_is_refused(tool, tiny_models, gemma):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", gemma, *CPU, *ROOMY, prompt="alpha beta")
+    assert result.returncode != 0
+    assert "does not share the target's vocabulary" in result.stderr
