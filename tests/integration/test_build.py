@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import lavapipe_available
+from harness import lavapipe_available
 
 
 def test_server_version(build):
@@ -64,3 +64,11 @@ def test_server_completion_on_lavapipe(build, server_factory, tiny_models):
     body = _complete(server)
     cpu = server_factory(["-m", tiny_models["llama"], "-c", "512", "--device", "none", "-np", "1"])
     assert body["content"] == _complete(cpu)["content"]
+
+
+def test_server_refuses_spec_prefill_until_it_is_wired_in(build, tiny_models):
+    """The flags parse everywhere, but a program that would silently ignore them stops with the reason."""
+    proc = subprocess.run([build.binary("llama-server"), "-m", tiny_models["llama"], "--spec-prefill", "-mpd",
+                           tiny_models["llama"]], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "not available in this program yet" in proc.stdout + proc.stderr

@@ -13,7 +13,7 @@ CASES = [(100 + 300 * i // 19, 0.1 + 0.8 * ((i * 7) % 20) / 19, 1000 + i) for i 
 
 @pytest.fixture(scope="module")
 def outcomes(build, gemma, tmp_path_factory):
-    from conftest import SpecPrefillTool
+    from harness import SpecPrefillTool
 
     tool = SpecPrefillTool(build.binary("llama-specprefill"), tmp_path_factory.mktemp("needles"))
     results = []

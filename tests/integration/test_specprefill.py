@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import TINY_ARCHS, words_prompt
+from harness import TINY_ARCHS, words_prompt
 
 CPU = ("--device", "none")
 # the tiny models' trained context is 256: give the target and the draft room for the test prompts

@@ -1,0 +1,125 @@
+"""Helpers for the integration tests: running llama-specprefill, a llama-server process, tiny prompts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from spbuild.build import BuildRecord
+
+# test-llama-archs saves random tiny models per architecture: a plain-RoPE one, a hybrid IMROPE one, a sliding-window one
+TINY_ARCHS = {"llama": "llama-dense", "qwen35": "qwen35-dense", "gemma3": "gemma3-dense"}
+
+
+@dataclass(frozen=True)
+class Build:
+    record: BuildRecord
+    bin_dir: Path
+
+    def binary(self, name: str) -> Path:
+        path = self.bin_dir / name
+        if not path.exists():
+            pytest.skip(f"{name} is not in this build ({self.bin_dir}); build it with `spbuild build`")
+        return path
+
+
+def words_prompt(n_words: int, seed: int = 1) -> str:
+    """Text the tiny models' test tokenizer turns into roughly one token per 3.5 characters."""
+    rng = random.Random(seed)
+    vocab = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    return " ".join(rng.choice(vocab) for _ in range(n_words))
+
+
+@dataclass
+class ToolRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict | None
+
+
+class SpecPrefillTool:
+    """Runs llama-specprefill and reads its --json report."""
+
+    def __init__(self, binary: Path, tmp: Path) -> None:
+        self.binary = binary
+        self.tmp = tmp
+        self.runs = 0
+
+    def run(self, *args: str | Path, prompt: str | None = None, env: dict[str, str] | None = None,
+            timeout: float = 600) -> ToolRun:
+        self.runs += 1
+        report = self.tmp / f"report-{self.runs}.json"
+        argv = [str(self.binary), *map(str, args), "--json", str(report)]
+        if prompt is not None:
+            prompt_file = self.tmp / f"prompt-{self.runs}.txt"
+            prompt_file.write_text(prompt)
+            argv += ["-f", str(prompt_file)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+        data = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
+        return ToolRun(proc.returncode, proc.stdout, proc.stderr, data)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A llama-server on a free local port, in the manner of upstream's tools/server/tests/utils.py."""
+
+    def __init__(self, binary: Path, args: list[str], env: dict[str, str] | None = None, log: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        out = log.open("w") if log else subprocess.DEVNULL
+        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(self.port), *args],
+                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"llama-server not ready after {timeout} s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-3000:] if self.log and self.log.exists() else ""
+
+    def request(self, method: str, path: str, data: dict | None = None, timeout: float = 600) -> requests.Response:
+        return requests.request(method, f"{self.url}{path}", json=data, timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def lavapipe_available() -> bool:
+    """A Vulkan CPU device (Mesa's lavapipe) that ggml-vulkan uses when told GGML_VK_VISIBLE_DEVICES=0."""
+    if not shutil.which("vulkaninfo"):
+        return False
+    proc = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True)
+    return proc.returncode == 0 and "llvmpipe" in proc.stdout
