@@ -25,42 +25,44 @@ struct common_spec_prefill_scores {
 
     int32_t n_rows = 0;
 
-    std::vector<float>  row_max; // [n_keys] max over (layer, head) of the current row
-    std::vector<double> sum;     // [n_keys] sum of finished rows' maxima
-    std::vector<double> inv_norm; // scratch: 1/Z per head
+    // the current row's max over (layer, head), one buffer per thread (heads are split across threads), merged at
+    // the end of the row
+    std::vector<std::vector<float>> row_max;
+    std::vector<double> sum; // [n_keys] sum of finished rows' maxima
 };
 
-// spans shorter than this are not worth a thread
-static constexpr int64_t SCORES_KEYS_PER_THREAD = 16384;
+// work (heads x keys) below this is not worth a thread
+static constexpr int64_t SCORES_WORK_PER_THREAD = 1 << 17;
 
+// f(thread, i0, i1) over [0, n) split into at most n_threads contiguous parts
 template <typename F>
-static void parallel_for(int64_t n, int32_t n_threads, int64_t min_per_thread, F && f) {
-    const int64_t n_chunks = std::max<int64_t>(1, std::min<int64_t>(n_threads, n / std::max<int64_t>(1, min_per_thread)));
-    if (n_chunks <= 1) {
-        f(0, n);
+static void parallel_for(int64_t n, int32_t n_threads, F && f) {
+    const int64_t n_parts = std::max<int64_t>(1, std::min<int64_t>(n_threads, n));
+    if (n_parts <= 1) {
+        f(0, 0, n);
         return;
     }
     std::vector<std::thread> workers;
-    workers.reserve(n_chunks - 1);
-    const int64_t step = (n + n_chunks - 1) / n_chunks;
-    for (int64_t c = 1; c < n_chunks; ++c) {
-        const int64_t i0 = c*step;
+    workers.reserve(n_parts - 1);
+    const int64_t step = (n + n_parts - 1) / n_parts;
+    for (int64_t t = 1; t < n_parts; ++t) {
+        const int64_t i0 = t*step;
         const int64_t i1 = std::min(n, i0 + step);
         if (i0 < i1) {
-            workers.emplace_back([&f, i0, i1]() { f(i0, i1); });
+            workers.emplace_back([&f, t, i0, i1]() { f((int32_t) t, i0, i1); });
         }
     }
-    f(0, std::min(n, step));
+    f(0, 0, std::min(n, step));
     for (auto & w : workers) {
         w.join();
     }
 }
 
-// pooled[j] for j in [j0, j1) of a span of length n: mean of p[i] over i in [j - left, j + right] clipped to the span,
-// folded into out[j] as max(out[j], pooled[j] * scale)
-static void pool_max_range(const float * p, int64_t n, int64_t j0, int64_t j1, int32_t kernel, double scale, float * out) {
+// pooled[j] for j in [0, n) of a span: mean of p[i] over i in [j - left, j + right] clipped to the span, folded
+// into out[j] as max(out[j], pooled[j] * scale)
+static void pool_max(const float * p, int64_t n, int32_t kernel, double scale, float * out) {
     if (kernel <= 1) {
-        for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
             out[j] = std::max(out[j], (float) (p[j] * scale));
         }
         return;
@@ -68,13 +70,13 @@ static void pool_max_range(const float * p, int64_t n, int64_t j0, int64_t j1, i
     const int64_t left  = (kernel - 1) / 2;
     const int64_t right = kernel / 2;
 
-    int64_t lo = std::max<int64_t>(0, j0 - left);
-    int64_t hi = std::min<int64_t>(n - 1, j0 + right); // inclusive
+    int64_t lo = 0;
+    int64_t hi = std::min<int64_t>(n - 1, right); // inclusive
     double acc = 0.0;
     for (int64_t i = lo; i <= hi; ++i) {
         acc += p[i];
     }
-    for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
         const double pooled = acc / (double) (hi - lo + 1);
         out[j] = std::max(out[j], (float) (pooled * scale));
         // slide to j + 1
@@ -107,7 +109,7 @@ common_spec_prefill_scores * common_spec_prefill_scores_init(int32_t n_keys, int
     sc->n_keys      = n_keys;
     sc->pool_kernel = std::max(1, pool_kernel);
     sc->n_threads   = std::max(1, n_threads);
-    sc->row_max.assign(n_keys, 0.0f);
+    sc->row_max.assign(sc->n_threads, std::vector<float>(n_keys, 0.0f));
     sc->sum.assign(n_keys, 0.0);
     return sc;
 }
@@ -117,7 +119,9 @@ void common_spec_prefill_scores_free(common_spec_prefill_scores * sc) {
 }
 
 void common_spec_prefill_scores_begin_row(common_spec_prefill_scores * sc) {
-    std::fill(sc->row_max.begin(), sc->row_max.end(), 0.0f);
+    for (auto & buf : sc->row_max) {
+        std::fill(buf.begin(), buf.end(), 0.0f);
+    }
 }
 
 void common_spec_prefill_scores_add_heads(
@@ -127,30 +131,28 @@ void common_spec_prefill_scores_add_heads(
         int64_t row_stride,
         int64_t key0,
         int64_t n_norm) {
-    // the normaliser of each head: its probability mass on the row's prompt keys
-    sc->inv_norm.assign(n_head, 0.0);
-    parallel_for(n_head, sc->n_threads, std::max<int64_t>(1, SCORES_KEYS_PER_THREAD / std::max<int64_t>(1, n_norm)),
-        [&](int64_t h0, int64_t h1) {
-            for (int64_t h = h0; h < h1; ++h) {
-                const double z = row_sum(probs + h*row_stride, n_norm);
-                sc->inv_norm[h] = z > 0.0 ? 1.0/z : 0.0;
+    const int64_t work    = n_head * std::max(sc->n_keys, n_norm);
+    const int32_t threads = (int32_t) std::min<int64_t>(sc->n_threads, std::max<int64_t>(1, work / SCORES_WORK_PER_THREAD));
+    parallel_for(n_head, threads, [&](int32_t t, int64_t h0, int64_t h1) {
+        float * out = sc->row_max[t].data();
+        for (int64_t h = h0; h < h1; ++h) {
+            const float * row = probs + h*row_stride;
+            // renormalised over the row's prompt keys
+            const double z = row_sum(row, n_norm);
+            if (z > 0.0) {
+                pool_max(row + key0, sc->n_keys, sc->pool_kernel, 1.0/z, out);
             }
-        });
-
-    parallel_for(sc->n_keys, sc->n_threads, SCORES_KEYS_PER_THREAD, [&](int64_t j0, int64_t j1) {
-        for (int64_t h = 0; h < n_head; ++h) {
-            if (sc->inv_norm[h] == 0.0) {
-                continue;
-            }
-            pool_max_range(probs + h*row_stride + key0, sc->n_keys, j0, j1, sc->pool_kernel, sc->inv_norm[h],
-                    sc->row_max.data());
         }
     });
 }
 
 void common_spec_prefill_scores_end_row(common_spec_prefill_scores * sc) {
     for (int64_t j = 0; j < sc->n_keys; ++j) {
-        sc->sum[j] += sc->row_max[j];
+        float m = sc->row_max[0][j];
+        for (size_t t = 1; t < sc->row_max.size(); ++t) {
+            m = std::max(m, sc->row_max[t][j]);
+        }
+        sc->sum[j] += m;
     }
     sc->n_rows++;
 }
@@ -171,7 +173,7 @@ void common_spec_prefill_pool_row(const float * probs, int64_t key0, int64_t n_k
     std::fill(out, out + n_keys, 0.0f);
     const double z = row_sum(probs, n_norm);
     if (z > 0.0) {
-        pool_max_range(probs + key0, n_keys, 0, n_keys, std::max(1, pool_kernel), 1.0/z, out);
+        pool_max(probs + key0, n_keys, std::max(1, pool_kernel), 1.0/z, out);
     }
 }
 

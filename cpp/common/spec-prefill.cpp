@@ -297,6 +297,32 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     return plan;
 }
 
+// run both kinds of graph once (a prefill ubatch with flash attention, a query step without), so that first-use
+// costs (kernel loading, pipeline compiles) do not land on the first prompt
+static void spec_prefill_warmup(common_spec_prefill * sp) {
+    llama_context * ctx = sp->ctx.get();
+    const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
+    const int32_t n_prefill = std::min(sp->n_ubatch, sp->ctx_n_cells - 1);
+
+    llama_batch batch = llama_batch_init(std::max(n_prefill, sp->ctx_n_seq), 0, 1);
+    for (int32_t i = 0; i < n_prefill; ++i) {
+        batch.token[i] = tok; batch.pos[i] = i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0; batch.logits[i] = false;
+    }
+    batch.n_tokens = n_prefill;
+    bool ok = llama_decode(ctx, batch) == 0;
+    for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
+        batch.token[s] = tok; batch.pos[s] = s == 0 ? n_prefill : 0; batch.n_seq_id[s] = 1; batch.seq_id[s][0] = s;
+        batch.logits[s] = true;
+    }
+    batch.n_tokens = sp->ctx_n_seq;
+    ok = ok && llama_decode(ctx, batch) == 0;
+    llama_batch_free(batch);
+    llama_memory_clear(llama_get_memory(ctx), false);
+    if (!ok) {
+        LOG_WRN("%s: the draft's warm-up decode failed\n", __func__);
+    }
+}
+
 // (re)create the draft context when the plan needs more sequences or cells than the current one has
 static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int32_t n_cells) {
     // round up, so that slightly longer prompts reuse the context
@@ -330,6 +356,7 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     llama_set_plain_attn_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
     sp->ctx_n_seq   = n_seq;
     sp->ctx_n_cells = (int32_t) llama_n_ctx_seq(sp->ctx.get());
+    spec_prefill_warmup(sp);
     return true;
 }
 

@@ -1,0 +1,219 @@
+"""Benchmarks, not tests: random-weight models of real shapes, and llama-specprefill measured side by side with a full
+prefill of the same prompt, in one run. Prints a table and writes it as Markdown.
+
+It needs only NumPy and llama.cpp's own gguf-py (in the fetched tree), so it also runs as a plain script on a GPU
+machine that has nothing else: `python3 bench.py make-model ...` / `python3 bench.py run ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# llama-architecture shapes: the target and draft sizes measured in docs/benchmarks.md, and a tiny one for testing
+SHAPES: dict[str, dict[str, int]] = {
+    "8b": {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336},
+    "1.5b": {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "n_ff": 8192},
+    "tiny": {"n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512},
+}
+
+# common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
+WORDS = ("the of and to in is was for on that with as by at from his her they this are had not but have one "
+         "all were when there can been more who will would their what said each which she do how if up other "
+         "about out many then them these so some make like into time has look two write go see number no way "
+         "could people my than first water been call who oil its now find long down day did get come made may").split()
+
+
+def _gguf(tree: Path):
+    sys.path.insert(0, str(tree / "gguf-py"))
+    import gguf  # noqa: PLC0415 - from the fetched llama.cpp tree, not an installed copy
+
+    return gguf
+
+
+def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, seed: int = 0) -> Path:
+    """A llama-architecture GGUF of `shape` with F16 random weights and the llama-bpe vocabulary (weight values do not
+    change the cost of a forward pass)."""
+    import numpy as np
+
+    gguf = _gguf(tree)
+    s = SHAPES[shape]
+    vocab = gguf.GGUFReader(str(tree / "models" / "ggml-vocab-llama-bpe.gguf"))
+    tokens = vocab.fields["tokenizer.ggml.tokens"]
+    n_vocab = len(tokens.data)
+    head_dim = s["n_embd"] // s["n_head"]
+
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_name(f"random-{shape}")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(s["n_embd"])
+    writer.add_block_count(s["n_layer"])
+    writer.add_feed_forward_length(s["n_ff"])
+    writer.add_head_count(s["n_head"])
+    writer.add_head_count_kv(s["n_head_kv"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for key, field in vocab.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub)
+
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
+
+    def weight(rows: int, cols: int) -> np.ndarray:
+        return np.resize(pool, (rows, cols))
+
+    n_embd, n_kv = s["n_embd"], s["n_head_kv"] * head_dim
+    writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, n_embd))
+    for il in range(s["n_layer"]):
+        p = f"blk.{il}."
+        writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(p + "attn_q.weight", weight(n_embd, n_embd))
+        writer.add_tensor(p + "attn_k.weight", weight(n_kv, n_embd))
+        writer.add_tensor(p + "attn_v.weight", weight(n_kv, n_embd))
+        writer.add_tensor(p + "attn_output.weight", weight(n_embd, n_embd))
+        writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(p + "ffn_gate.weight", weight(s["n_ff"], n_embd))
+        writer.add_tensor(p + "ffn_up.weight", weight(s["n_ff"], n_embd))
+        writer.add_tensor(p + "ffn_down.weight", weight(n_embd, s["n_ff"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def make_prompt(n_tokens: int, seed: int = 1) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_tokens))
+
+
+@dataclass
+class Config:
+    name: str
+    args: list[str]
+
+
+def default_configs(window: int) -> list[Config]:
+    configs = []
+    for p in ("0.1", "0.3"):
+        configs.append(Config(f"p={p} full", ["--spec-prefill-p", p]))
+        configs.append(Config(f"p={p} window {window // 1024}K", ["--spec-prefill-p", p, "--spec-prefill-window",
+                                                                  str(window)]))
+    return configs
+
+
+def draft_prefill_ms(bin_dir: Path, draft: Path, n_tokens: int, common: list[str], log: Path) -> float:
+    """The draft's plain prefill of n_tokens with flash attention, by upstream's llama-bench."""
+    argv = [str(bin_dir / "llama-bench"), "-m", str(draft), "-p", str(n_tokens), "-n", "0", "-fa", "1", "-r", "1",
+            "-o", "json", *common]
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+    log.write_text(proc.stdout + proc.stderr)
+    proc.check_returncode()
+    return json.loads(proc.stdout)[0]["avg_ns"] / 1e6
+
+
+def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, out_dir: Path,
+        bench_args: list[str], tool_args: list[str]) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    n_ctx_draft = max(max(sizes) + 16384, 16 * (window + 512))
+    for n in sizes:
+        prompt = out_dir / f"prompt-{n}.txt"
+        prompt.write_text(make_prompt(n))
+        t_draft = draft_prefill_ms(bin_dir, draft, n, bench_args, out_dir / f"llama-bench-{n}.log")
+        print(f"[{n}] draft prefill (llama-bench, flash attention): {t_draft:.0f} ms", file=sys.stderr, flush=True)
+        baseline = None
+        for i, config in enumerate(default_configs(window)):
+            report = out_dir / f"run-{n}-{i}.json"
+            argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-mpd", str(draft), "-f", str(prompt),
+                    "-c", str(n + 256), "-n", "4", "--temp", "0", "--spec-prefill-ctx", str(n_ctx_draft),
+                    "--json", str(report), *tool_args, *config.args]
+            if baseline is None:
+                argv.append("--baseline")
+            started = time.monotonic()
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+            (out_dir / f"run-{n}-{i}.log").write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                print(f"[{n}] {config.name}: failed, see {out_dir}/run-{n}-{i}.log", file=sys.stderr)
+                continue
+            data = json.loads(report.read_text())
+            if baseline is None:
+                baseline = data["baseline"]["ttft_ms"]
+            spec = data["run"]
+            row = {
+                "n_prompt": data["n_prompt"], "config": config.name, "status": data["status"],
+                "kept": len(data["kept"]), "windows": data["n_windows"], "parallel": data["n_parallel"],
+                "score_ms": data["score_ms"], "draft_prefill_ms": t_draft,
+                "score_over_draft": data["score_ms"] / t_draft, "prefill_ms": spec["prefill_ms"],
+                "ttft_ms": spec["ttft_ms"], "baseline_ttft_ms": baseline, "speedup": baseline / spec["ttft_ms"],
+            }
+            rows.append(row)
+            (out_dir / "results.md").write_text(markdown(rows))  # as it goes: a run cut short keeps what it measured
+            print(f"[{n}] {config.name}: kept {row['kept']}, score {row['score_ms']:.0f} ms "
+                  f"({row['score_over_draft']:.2f}x draft prefill), TTFT {row['ttft_ms']:.0f} ms vs "
+                  f"{baseline:.0f} ms: {row['speedup']:.2f}x ({time.monotonic() - started:.0f} s)",
+                  file=sys.stderr, flush=True)
+    (out_dir / "results.json").write_text(json.dumps(rows, indent=1))
+    table = markdown(rows)
+    (out_dir / "results.md").write_text(table)
+    print(table)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| prompt tokens | config | kept | windows (side by side) | scoring ms | scoring / draft prefill | "
+             "sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['windows']} ({r['parallel']}) | "
+                     f"{r['score_ms']:,.0f} | {r['score_over_draft']:.2f}x | {r['prefill_ms']:,.0f} | "
+                     f"{r['ttft_ms']:,.0f} | {r['baseline_ttft_ms']:,.0f} | **{r['speedup']:.2f}x** |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    mk = sub.add_parser("make-model", help="write a random-weight llama GGUF of a named shape")
+    mk.add_argument("--tree", type=Path, required=True, help="the fetched llama.cpp tree (for gguf-py and the vocab)")
+    mk.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    mk.add_argument("--ctx", type=int, default=131072, help="trained context written into the model")
+    mk.add_argument("out", type=Path)
+    rn = sub.add_parser("run", help="llama-specprefill against a full prefill, over prompt sizes and configs")
+    rn.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
+    rn.add_argument("--target", type=Path, required=True)
+    rn.add_argument("--draft", type=Path, required=True)
+    rn.add_argument("--sizes", default="8192,32768,131072")
+    rn.add_argument("--window", type=int, default=8192)
+    rn.add_argument("--out", type=Path, default=Path("bench-out"))
+    rn.add_argument("--bench-args", default="-b 4096 -ub 1024", help="llama-bench arguments (batch sizes)")
+    rn.add_argument("--tool-args", default="-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on",
+                    help="llama-specprefill arguments shared by every run")
+    args = parser.parse_args(argv)
+    if args.command == "make-model":
+        started = time.monotonic()
+        make_model(args.tree, args.shape, args.out, args.ctx)
+        print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - started:.0f} s",
+              file=sys.stderr)
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    run(args.bin, args.target, args.draft, sizes, args.window, args.out, args.bench_args.split(),
+        args.tool_args.split())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
