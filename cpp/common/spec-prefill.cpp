@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 // every window after the first also starts with the prompt's first tokens: they take the attention-sink role BOS
@@ -87,14 +88,13 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
     sp->buf.resize(ggml_nelements(t));
     ggml_backend_tensor_get(t, sp->buf.data(), 0, ggml_nbytes(t));
 
+    // cell j must be position j: nothing may sit beyond the cells a sequence has filled (checked on its first head)
     for (int64_t s = 0; s < n_stream; ++s) {
-        spec_prefill_stream & st = sp->streams[s];
+        const spec_prefill_stream & st = sp->streams[s];
         if (st.done) {
             continue;
         }
         const float * probs = sp->buf.data() + s*n_head*n_kv;
-
-        // cell j must be position j: nothing may sit beyond the cells this sequence has filled
         if (st.n_cells > n_kv) {
             sp->capture_error = string_format("layer %d has %" PRId64 " KV cells, sequence %" PRId64 " needs %d", il,
                     n_kv, s, st.n_cells);
@@ -113,9 +113,28 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
             sp->capture_error = string_format("layer %d, sequence %" PRId64 ": empty or non-finite attention row", il, s);
             return false;
         }
+    }
 
-        common_spec_prefill_scores_add_heads(st.scores, probs, n_head, n_kv, st.key0, st.n_norm);
-        st.n_added++;
+    // the windows' rows are independent: score them side by side (each window's scorer splits its heads across the
+    // threads it was given, which is all of them when there is one window)
+    const int32_t n_workers = std::max(1, std::min<int32_t>((int32_t) n_stream, sp->n_threads_batch));
+    std::vector<std::thread> workers;
+    auto score_streams = [&](int32_t w) {
+        for (int64_t s = w; s < n_stream; s += n_workers) {
+            spec_prefill_stream & st = sp->streams[s];
+            if (!st.done) {
+                common_spec_prefill_scores_add_heads(st.scores, sp->buf.data() + s*n_head*n_kv, n_head, n_kv, st.key0,
+                        st.n_norm);
+                st.n_added++;
+            }
+        }
+    };
+    for (int32_t w = 1; w < n_workers; ++w) {
+        workers.emplace_back(score_streams, w);
+    }
+    score_streams(0);
+    for (auto & worker : workers) {
+        worker.join();
     }
     if (!sp->layer_seen[il]) {
         sp->layer_seen[il] = 1;
@@ -342,7 +361,7 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     cparams.n_threads_batch = sp->n_threads_batch;
     cparams.flash_attn_type = sp->flash_attn_type;
     cparams.type_k          = GGML_TYPE_F16;
-    cparams.type_v          = GGML_TYPE_F16; // the plain attention path needs a V cache it can transpose
+    cparams.type_v          = GGML_TYPE_F16;
     cparams.cb_eval           = spec_prefill_eval_cb;
     cparams.cb_eval_user_data = sp;
     cparams.no_perf         = true;
@@ -352,8 +371,8 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;
     }
-    // the query steps decode one token per sequence: only they take the non-flash path
-    llama_set_plain_attn_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
+    // the query steps decode one token per sequence: only they output attention weights (beside flash attention)
+    llama_set_attn_weights_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
     sp->ctx_n_seq   = n_seq;
     sp->ctx_n_cells = (int32_t) llama_n_ctx_seq(sp->ctx.get());
     spec_prefill_warmup(sp);
@@ -445,7 +464,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     for (int32_t s = 0; s < n_seq; ++s) {
         auto & st = sp->streams[s];
         st.scores = common_spec_prefill_scores_init(round[s]->end - round[s]->begin, sp->params.pool_kernel,
-                sp->n_threads_batch);
+                std::max(1, sp->n_threads_batch / n_seq));
         st.key0   = round[s]->key0;
         st.n_norm = (int32_t) round[s]->tokens.size();
     }

@@ -10,8 +10,8 @@
 //   common_spec_prefill_decode(ctx_tgt, seq, prompt, res.kept, n_batch);   // then generate from position N
 //
 // The draft runs in its own context (one sequence per scored window, cleared before each use, so KV cell j holds
-// position j). Its prompt prefill keeps flash attention; only the 1-token query steps take the plain path that
-// exposes the attention weights (llama_set_plain_attn_max_tokens).
+// position j). Flash attention stays on; the 1-token query steps also output their attention weights, as a side
+// branch (llama_set_attn_weights_max_tokens).
 
 #include "common.h"
 

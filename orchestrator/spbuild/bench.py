@@ -126,17 +126,21 @@ def draft_prefill_ms(bin_dir: Path, draft: Path, n_tokens: int, common: list[str
 
 
 def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, out_dir: Path,
-        bench_args: list[str], tool_args: list[str]) -> list[dict]:
+        bench_args: list[str], tool_args: list[str], only: list[str] | None = None,
+        draft_bench: bool = True) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     n_ctx_draft = max(max(sizes) + 16384, 16 * (window + 512))
     for n in sizes:
         prompt = out_dir / f"prompt-{n}.txt"
         prompt.write_text(make_prompt(n))
-        t_draft = draft_prefill_ms(bin_dir, draft, n, bench_args, out_dir / f"llama-bench-{n}.log")
-        print(f"[{n}] draft prefill (llama-bench, flash attention): {t_draft:.0f} ms", file=sys.stderr, flush=True)
+        t_draft = float("nan")
+        if draft_bench:
+            t_draft = draft_prefill_ms(bin_dir, draft, n, bench_args, out_dir / f"llama-bench-{n}.log")
+            print(f"[{n}] draft prefill (llama-bench, flash attention): {t_draft:.0f} ms", file=sys.stderr, flush=True)
         baseline = None
-        for i, config in enumerate(default_configs(window)):
+        configs = [c for c in default_configs(window) if only is None or c.name in only]
+        for i, config in enumerate(configs):
             report = out_dir / f"run-{n}-{i}.json"
             argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-mpd", str(draft), "-f", str(prompt),
                     "-c", str(n + 256), "-n", "4", "--temp", "0", "--spec-prefill-ctx", str(n_ctx_draft),
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--window", type=int, default=8192)
     rn.add_argument("--out", type=Path, default=Path("bench-out"))
     rn.add_argument("--bench-args", default="-b 4096 -ub 1024", help="llama-bench arguments (batch sizes)")
+    rn.add_argument("--only", help="comma-separated config names to run (default: all)")
+    rn.add_argument("--no-draft-bench", action="store_true", help="skip the llama-bench reference of the draft")
     rn.add_argument("--tool-args", default="-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on",
                     help="llama-specprefill arguments shared by every run")
     args = parser.parse_args(argv)
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     run(args.bin, args.target, args.draft, sizes, args.window, args.out, args.bench_args.split(),
-        args.tool_args.split())
+        args.tool_args.split(), args.only.split(",") if args.only else None, not args.no_draft_bench)
     return 0
 
 

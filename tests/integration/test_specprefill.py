@@ -74,8 +74,8 @@ def test_runs_are_deterministic(tool, tiny_models):
 
 
 def test_flash_attention_scores_match_the_plain_path(tool, tiny_models):
-    """With flash attention on, the prompt prefill keeps it and only the query rows take the plain path; the scores
-    must match a draft without flash attention anywhere."""
+    """With flash attention on everywhere (the query steps output their attention weights as a side branch), the
+    scores must match a draft without flash attention, whose attention weights come from the plain path."""
     with_fa = run_tool(tool, tiny_models["llama"], "-fa", "on")
     without = run_tool(tool, tiny_models["llama"], "-fa", "off")
     a, b = np.array(with_fa["scores"]), np.array(without["scores"])
