@@ -149,3 +149,10 @@ def test_draft_with_another_vocabulary_is_refused(tool, tiny_models, gemma):
     result = tool.run("-m", tiny_models["llama"], "-mpd", gemma, *CPU, *ROOMY, prompt="alpha beta")
     assert result.returncode != 0
     assert "does not share the target's vocabulary" in result.stderr
+
+
+def test_draft_from_hugging_face_offline_says_what_is_missing(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-hfpd", "ggml-org/no-such-draft-GGUF", "--offline", *CPU,
+                      prompt="alpha beta")
+    assert result.returncode != 0
+    assert "ggml-org/no-such-draft-GGUF" in result.stderr and "--offline" in result.stderr

@@ -175,7 +175,12 @@ static int run(int argc, char ** argv) {
     }
     const auto & draft = !params.spec_prefill.mparams.path.empty() ? params.spec_prefill.mparams : params.speculative.draft.mparams;
     if (draft.path.empty()) {
-        LOG_ERR("error: no draft model: pass -mpd DRAFT (the model that scores the prompt)\n");
+        if (!params.spec_prefill.mparams.hf_repo.empty()) {
+            LOG_ERR("error: the draft '%s' (--spec-prefill-hf) is neither downloaded nor in the cache%s\n",
+                    params.spec_prefill.mparams.hf_repo.c_str(), params.offline ? " (--offline)" : "");
+        } else {
+            LOG_ERR("error: no draft model: pass -mpd DRAFT (the model that scores the prompt)\n");
+        }
         return 1;
     }
     if (!std::ifstream(draft.path).good()) {
