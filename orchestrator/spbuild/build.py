@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -52,7 +52,6 @@ class BuildRequest:
     build_dir: Path | None = None
     skip_checks: bool = False
     force_patch: bool = False
-    extra_notes: list[str] = field(default_factory=list)
 
 
 def first_error(lines: list[str], context: int = 4) -> str | None:
