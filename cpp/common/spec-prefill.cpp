@@ -59,8 +59,7 @@ struct common_spec_prefill {
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
 
-    // eval-callback state
-    bool capture = false;
+    // eval-callback state (the callback is installed only for the query steps)
     std::vector<char> layer_usable;
     std::vector<char> layer_seen;
     std::vector<spec_prefill_stream> streams;
@@ -149,14 +148,14 @@ static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
     static constexpr char prefix[] = "kq_soft_max-";
     const bool is_attn = strncmp(t->name, prefix, sizeof(prefix) - 1) == 0;
     if (ask) {
-        if (!sp->capture || !is_attn || !sp->capture_error.empty()) {
+        if (!is_attn || !sp->capture_error.empty()) {
             return false;
         }
         const int il = atoi(t->name + sizeof(prefix) - 1);
         return il >= 0 && il < sp->n_layer && sp->layer_usable[il];
     }
     // returning false here would stop the graph: errors are recorded and reported after the decode
-    if (is_attn && sp->capture && sp->capture_error.empty()) {
+    if (is_attn && sp->capture_error.empty()) {
         spec_prefill_read_layer(sp, t, atoi(t->name + sizeof(prefix) - 1));
     }
     return true;
@@ -362,8 +361,6 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     cparams.flash_attn_type = sp->flash_attn_type;
     cparams.type_k          = GGML_TYPE_F16;
     cparams.type_v          = GGML_TYPE_F16;
-    cparams.cb_eval           = spec_prefill_eval_cb;
-    cparams.cb_eval_user_data = sp;
     cparams.no_perf         = true;
 
     sp->ctx.reset(llama_init_from_model(sp->model.get(), cparams));
@@ -486,9 +483,11 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             // finished sequences still decode, so that every step holds all streams in order
             add(next[s], len - 1 + k, s, true);
         }
-        sp->capture = true;
+        // the callback only around the query steps: installed, it makes the scheduler wait after every split, which
+        // would stall the prompt prefill's pipelining
+        llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
         ok = flush();
-        sp->capture = false;
+        llama_set_eval_callback(ctx, nullptr, nullptr);
         if (ok && !sp->capture_error.empty()) {
             error = sp->capture_error;
             ok = false;
