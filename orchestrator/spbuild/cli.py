@@ -148,8 +148,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--workdir", type=Path, help="working state folder (default: <project>/.spbuild; "
                         "$SPBUILD_WORKDIR)")
 
-    top = argparse.ArgumentParser(prog="spbuild", description=__doc__ and "Speculative prefill for llama.cpp: "
-                                  "fetch the pinned upstream, apply the patch series, build.")
+    top = argparse.ArgumentParser(prog="spbuild", description="Speculative prefill for llama.cpp: fetch the pinned "
+                                  "upstream, apply the patch series, build, test.")
     top.add_argument("--version", action="version", version=f"spbuild {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
