@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <numeric>
 #include <thread>
 
 const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode) {

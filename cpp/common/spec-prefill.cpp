@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +160,16 @@ static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
         spec_prefill_read_layer(sp, t, atoi(t->name + sizeof(prefix) - 1));
     }
     return true;
+}
+
+// append one token of one sequence to a batch made by llama_batch_init
+static void spec_prefill_batch_add(llama_batch & batch, llama_token tok, llama_pos pos, llama_seq_id seq, bool output) {
+    const int32_t i = batch.n_tokens++;
+    batch.token[i]     = tok;
+    batch.pos[i]       = pos;
+    batch.n_seq_id[i]  = 1;
+    batch.seq_id[i][0] = seq;
+    batch.logits[i]    = output;
 }
 
 //
@@ -315,8 +326,8 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     return plan;
 }
 
-// run both kinds of graph once (a prefill ubatch with flash attention, a query step without), so that first-use
-// costs (kernel loading, pipeline compiles) do not land on the first prompt
+// run both kinds of graph once (a prefill ubatch, and a query step that also outputs attention weights), so that
+// first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
     llama_context * ctx = sp->ctx.get();
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
@@ -324,15 +335,13 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
 
     llama_batch batch = llama_batch_init(std::max(n_prefill, sp->ctx_n_seq), 0, 1);
     for (int32_t i = 0; i < n_prefill; ++i) {
-        batch.token[i] = tok; batch.pos[i] = i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0; batch.logits[i] = false;
+        spec_prefill_batch_add(batch, tok, i, 0, false);
     }
-    batch.n_tokens = n_prefill;
     bool ok = llama_decode(ctx, batch) == 0;
+    batch.n_tokens = 0;
     for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
-        batch.token[s] = tok; batch.pos[s] = s == 0 ? n_prefill : 0; batch.n_seq_id[s] = 1; batch.seq_id[s][0] = s;
-        batch.logits[s] = true;
+        spec_prefill_batch_add(batch, tok, s == 0 ? n_prefill : 0, s, true);
     }
-    batch.n_tokens = sp->ctx_n_seq;
     ok = ok && llama_decode(ctx, batch) == 0;
     llama_batch_free(batch);
     llama_memory_clear(llama_get_memory(ctx), false);
@@ -410,14 +419,6 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
-    auto add = [&](llama_token tok, llama_pos pos, llama_seq_id seq, bool output) {
-        const int32_t i = batch.n_tokens++;
-        batch.token[i]     = tok;
-        batch.pos[i]       = pos;
-        batch.n_seq_id[i]  = 1;
-        batch.seq_id[i][0] = seq;
-        batch.logits[i]    = output;
-    };
     auto flush = [&]() -> bool {
         if (batch.n_tokens == 0) {
             return true;
@@ -436,7 +437,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     for (int32_t s = 0; s < n_seq && ok; ++s) {
         const auto & toks = round[s]->tokens;
         for (int32_t p = 0; p + 1 < (int32_t) toks.size() && ok; ++p) {
-            add(toks[p], p, s, false);
+            spec_prefill_batch_add(batch, toks[p], p, s, false);
             if (batch.n_tokens == sp->n_batch) {
                 ok = flush();
             }
@@ -481,7 +482,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
                 common_spec_prefill_scores_begin_row(st.scores);
             }
             // finished sequences still decode, so that every step holds all streams in order
-            add(next[s], len - 1 + k, s, true);
+            spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
         }
         // the callback only around the query steps: installed, it makes the scheduler wait after every split, which
         // would stall the prompt prefill's pipelining
@@ -541,9 +542,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         res.status = status;
         res.reason = reason;
         res.kept.resize(res.n_prompt);
-        for (int32_t i = 0; i < res.n_prompt; ++i) {
-            res.kept[i] = i;
-        }
+        std::iota(res.kept.begin(), res.kept.end(), 0);
         res.t_score_ms = (ggml_time_us() - t_start) / 1000.0;
         return res;
     };
@@ -602,12 +601,7 @@ int32_t common_spec_prefill_decode(llama_context * ctx, llama_seq_id seq, const 
         const size_t i1 = std::min(kept.size(), i0 + n_batch);
         batch.n_tokens = 0;
         for (size_t i = i0; i < i1; ++i) {
-            const int32_t j = batch.n_tokens++;
-            batch.token[j]     = prompt[kept[i]];
-            batch.pos[j]       = kept[i];
-            batch.n_seq_id[j]  = 1;
-            batch.seq_id[j][0] = seq;
-            batch.logits[j]    = i + 1 == kept.size();
+            spec_prefill_batch_add(batch, prompt[kept[i]], kept[i], seq, i + 1 == kept.size());
         }
         ret = llama_decode(ctx, batch);
     }

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,8 @@ static bool run_prompt(llama_context * ctx, common_params & params, const llama_
     } else {
         out.sp.status   = COMMON_SPEC_PREFILL_KEPT_ALL;
         out.sp.n_prompt = (int32_t) prompt.size();
-        for (int32_t i = 0; i < (int32_t) prompt.size(); ++i) {
-            out.sp.kept.push_back(i);
-        }
+        out.sp.kept.resize(prompt.size());
+        std::iota(out.sp.kept.begin(), out.sp.kept.end(), 0);
     }
 
     const int64_t t_prefill = ggml_time_us();
@@ -224,9 +224,7 @@ static int run(int argc, char ** argv) {
         const int32_t n_warm = std::min<int32_t>(n_prompt, params.n_ubatch);
         const llama_tokens head(prompt.begin(), prompt.begin() + n_warm);
         std::vector<int32_t> all(n_warm);
-        for (int32_t i = 0; i < n_warm; ++i) {
-            all[i] = i;
-        }
+        std::iota(all.begin(), all.end(), 0);
         common_spec_prefill_decode(ctx, 0, head, all, params.n_batch);
         llama_memory_clear(llama_get_memory(ctx), false);
     }
