@@ -145,6 +145,13 @@ void common_spec_prefill_scores_add_heads(
     });
 }
 
+void common_spec_prefill_scores_add_max(common_spec_prefill_scores * sc, const float * values) {
+    float * out = sc->row_max[0].data();
+    for (int64_t j = 0; j < sc->n_keys; ++j) {
+        out[j] = std::max(out[j], values[j]);
+    }
+}
+
 void common_spec_prefill_scores_end_row(common_spec_prefill_scores * sc) {
     for (int64_t j = 0; j < sc->n_keys; ++j) {
         float m = sc->row_max[0][j];

@@ -56,6 +56,10 @@ void common_spec_prefill_scores_add_heads(
         int64_t key0,
         int64_t n_norm);
 
+// fold values already renormalised, pooled and max-reduced elsewhere (spec-prefill-graph.h) into the current row:
+// values[j] for the span's key j
+void common_spec_prefill_scores_add_max(struct common_spec_prefill_scores * sc, const float * values);
+
 void common_spec_prefill_scores_end_row(struct common_spec_prefill_scores * sc);
 
 int32_t common_spec_prefill_scores_n_rows(const struct common_spec_prefill_scores * sc);

@@ -1,4 +1,5 @@
 #include "spec-prefill.h"
+#include "spec-prefill-graph.h"
 
 #include "log.h"
 #include "llama-cpp.h"
@@ -33,16 +34,25 @@ const char * common_spec_prefill_status_name(enum common_spec_prefill_status sta
 // what the eval callback needs to turn one layer's kq_soft_max into scores for each sequence of the step
 struct spec_prefill_stream {
     common_spec_prefill_scores * scores = nullptr;
+    int32_t n_keys  = 0; // the window's own tokens
 
     int32_t key0    = 0; // first cell of the window's own tokens
     int32_t n_norm  = 0; // cells of prompt tokens: rows are renormalised over [0, n_norm)
     int32_t n_cells = 0; // cells in use after this step's token: cells >= n_cells must have zero weight
-    int32_t n_added = 0; // layers folded into the current row
+    int32_t n_added = 0; // layers folded into the current row (on the host or in the scoring graph)
     bool    done    = false; // the lookahead hit end of generation: no more rows
+};
+
+// where the attention rows are reduced: LLAMA_SPEC_PREFILL_SCORING=auto|host|graph
+enum spec_prefill_scoring {
+    SPEC_PREFILL_SCORING_AUTO,  // in a graph on the device holding the weights; on the host for host buffers
+    SPEC_PREFILL_SCORING_HOST,  // always on the host (the reference: spec-prefill-select.cpp)
+    SPEC_PREFILL_SCORING_GRAPH, // always in a graph, also on the CPU backend
 };
 
 struct common_spec_prefill {
     common_params_spec_prefill params;
+    enum spec_prefill_scoring scoring = SPEC_PREFILL_SCORING_AUTO;
 
     int32_t n_threads;
     int32_t n_threads_batch;
@@ -66,6 +76,10 @@ struct common_spec_prefill {
     std::vector<spec_prefill_stream> streams;
     std::vector<float> buf;
     std::string capture_error;
+    common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
+    bool graph_failed = false;                   // a backend could not run it: host scoring from then on
+    std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
+    std::vector<float> graph_out;
     int32_t n_layers_used = 0;
 };
 
@@ -73,7 +87,58 @@ struct common_spec_prefill {
 // eval callback: reads kq_soft_max-<il> of the query steps
 //
 
+// the scoring graph for the buffer that holds t, or nullptr to score on the host
+static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * sp, const ggml_tensor * t) {
+    if (sp->scoring == SPEC_PREFILL_SCORING_HOST || sp->graph_failed || !t->buffer) {
+        return nullptr;
+    }
+    if (sp->scoring == SPEC_PREFILL_SCORING_AUTO && ggml_backend_buffer_is_host(t->buffer)) {
+        return nullptr; // the host reads the rows in place, no copy to save
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+    if (!dev && ggml_backend_buffer_is_host(t->buffer)) {
+        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); // the CPU buffer type names no device
+    }
+    if (!dev) {
+        return nullptr;
+    }
+    if (!sp->graph) {
+        sp->graph = common_spec_prefill_graph_init(dev, sp->ctx_n_cells, sp->ctx_n_seq, sp->n_layer,
+                sp->params.pool_kernel, sp->n_threads_batch);
+        if (!sp->graph) {
+            LOG_WRN("%s: cannot set up scoring on %s, scoring on the host\n", __func__, ggml_backend_dev_name(dev));
+            sp->graph_failed = true;
+            return nullptr;
+        }
+        common_spec_prefill_graph_begin_step(sp->graph, sp->graph_streams.data(), (int32_t) sp->graph_streams.size());
+        LOG_INF("%s: attention rows are reduced on %s\n", __func__, ggml_backend_dev_name(dev));
+    }
+    // layers on another device (a model split across GPUs) are scored on the host
+    return common_spec_prefill_graph_device(sp->graph) == dev ? sp->graph : nullptr;
+}
+
 static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor * t, int il) {
+    if (common_spec_prefill_graph * graph = spec_prefill_graph_for(sp, t)) {
+        std::string error;
+        const auto status = common_spec_prefill_graph_add_layer(graph, t, il, error);
+        if (status == COMMON_SPEC_PREFILL_GRAPH_OK) {
+            for (auto & st : sp->streams) {
+                st.n_added += st.done ? 0 : 1;
+            }
+            if (!sp->layer_seen[il]) {
+                sp->layer_seen[il] = 1;
+                sp->n_layers_used++;
+            }
+            return true;
+        }
+        if (status == COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS) {
+            sp->capture_error = error;
+            return false;
+        }
+        LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
+        sp->graph_failed = true;
+    }
+
     const int64_t n_kv     = t->ne[0];
     const int64_t n_rows   = t->ne[1];
     const int64_t n_head   = t->ne[2];
@@ -238,8 +303,21 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
+    auto scoring = SPEC_PREFILL_SCORING_AUTO;
+    if (const char * env = getenv("LLAMA_SPEC_PREFILL_SCORING")) {
+        if (strcmp(env, "host") == 0) {
+            scoring = SPEC_PREFILL_SCORING_HOST;
+        } else if (strcmp(env, "graph") == 0) {
+            scoring = SPEC_PREFILL_SCORING_GRAPH;
+        } else if (strcmp(env, "auto") != 0) {
+            error = string_format("LLAMA_SPEC_PREFILL_SCORING is '%s': use auto, host or graph", env);
+            return nullptr;
+        }
+    }
+
     auto * sp = new common_spec_prefill;
     sp->params          = spp;
+    sp->scoring         = scoring;
     sp->n_threads       = params.cpuparams.n_threads;
     sp->n_threads_batch = params.cpuparams_batch.n_threads > 0 ? params.cpuparams_batch.n_threads : params.cpuparams.n_threads;
     sp->n_batch         = std::max(1, params.n_batch);
@@ -268,6 +346,9 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
 }
 
 void common_spec_prefill_free(common_spec_prefill * sp) {
+    if (sp) {
+        common_spec_prefill_graph_free(sp->graph);
+    }
     delete sp;
 }
 
@@ -326,6 +407,27 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     return plan;
 }
 
+// fold the step's layers that the scoring graph reduced into the streams' current rows
+static bool spec_prefill_fold_graph(common_spec_prefill * sp, std::string & error) {
+    if (!sp->graph) {
+        return true;
+    }
+    const int32_t n_seq = (int32_t) sp->graph_streams.size();
+    sp->graph_out.resize((size_t) n_seq*sp->ctx_n_cells);
+    const int32_t n_added = common_spec_prefill_graph_end_step(sp->graph, sp->graph_out.data());
+    if (n_added < 0) {
+        error = "the scoring graph failed";
+        return false;
+    }
+    for (int32_t s = 0; s < n_seq && n_added > 0; ++s) {
+        if (!sp->streams[s].done) {
+            common_spec_prefill_scores_add_max(sp->streams[s].scores,
+                    sp->graph_out.data() + (size_t) s*sp->ctx_n_cells + sp->graph_streams[s].key0);
+        }
+    }
+    return true;
+}
+
 // run both kinds of graph once (a prefill ubatch, and a query step that also outputs attention weights), so that
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
@@ -342,11 +444,28 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
     for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
         spec_prefill_batch_add(batch, tok, s == 0 ? n_prefill : 0, s, true);
     }
+    // the query step goes through the scoring too (its graph is made and sized here), on streams marked done, so
+    // that nothing is folded into scores
+    sp->streams.assign(sp->ctx_n_seq, {});
+    sp->graph_streams.resize(sp->ctx_n_seq);
+    for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
+        const int32_t n_filled = s == 0 ? n_prefill + 1 : 1;
+        sp->streams[s].n_cells = n_filled;
+        sp->streams[s].done    = true;
+        sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled };
+    }
+    std::fill(sp->layer_usable.begin(), sp->layer_usable.end(), 1);
+    std::string error;
+    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
     ok = ok && llama_decode(ctx, batch) == 0;
+    llama_set_eval_callback(ctx, nullptr, nullptr);
+    ok = ok && sp->capture_error.empty() && spec_prefill_fold_graph(sp, error);
+    sp->streams.clear();
+    sp->capture_error.clear();
     llama_batch_free(batch);
     llama_memory_clear(llama_get_memory(ctx), false);
     if (!ok) {
-        LOG_WRN("%s: the draft's warm-up decode failed\n", __func__);
+        LOG_WRN("%s: the draft's warm-up failed%s%s\n", __func__, error.empty() ? "" : ": ", error.c_str());
     }
 }
 
@@ -358,6 +477,9 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         return true;
     }
     sp->ctx.reset();
+    common_spec_prefill_graph_free(sp->graph); // it is shaped for the context
+    sp->graph        = nullptr;
+    sp->graph_failed = false;
 
     auto cparams = llama_context_default_params();
     cparams.n_ctx           = (uint32_t) n_seq * n_cells;
@@ -401,7 +523,7 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
 
 // score one round of windows, side by side as the sequences of one batch; writes their scores into `scores`
 static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector<spec_prefill_window_seq *> & round,
-        int32_t n_prompt, std::vector<float> & scores, int32_t & n_rows, std::string & error) {
+        common_spec_prefill_result & res, std::string & error) {
     llama_context * ctx = sp->ctx.get();
     llama_memory_t  mem = llama_get_memory(ctx);
     const int32_t n_seq  = (int32_t) round.size();
@@ -433,6 +555,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     };
 
     // 1. every window but its last token, with flash attention, no outputs
+    const int64_t t_prefill = ggml_time_us();
     bool ok = true;
     for (int32_t s = 0; s < n_seq && ok; ++s) {
         const auto & toks = round[s]->tokens;
@@ -444,6 +567,8 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         }
     }
     ok = ok && flush();
+    llama_synchronize(ctx);
+    res.t_draft_prefill_ms += (ggml_time_us() - t_prefill) / 1000.0;
 
     // each sequence's attention KV holds positions [0, len - 1), all of them (hybrid memory reports the recurrent
     // state's single position as its range, so look at the attention positions themselves)
@@ -458,14 +583,17 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     // 2. query steps, one token per sequence: the prompt's last token, then greedy lookahead tokens
+    const int64_t t_query = ggml_time_us();
     sp->streams.assign(n_seq, {});
     for (int32_t s = 0; s < n_seq; ++s) {
         auto & st = sp->streams[s];
         st.scores = common_spec_prefill_scores_init(round[s]->end - round[s]->begin, sp->params.pool_kernel,
                 std::max(1, sp->n_threads_batch / n_seq));
         st.key0   = round[s]->key0;
+        st.n_keys = round[s]->end - round[s]->begin;
         st.n_norm = (int32_t) round[s]->tokens.size();
     }
+    sp->graph_streams.resize(n_seq);
     std::vector<llama_token> next(n_seq);
     for (int32_t s = 0; s < n_seq; ++s) {
         next[s] = round[s]->tokens.back();
@@ -483,6 +611,10 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             }
             // finished sequences still decode, so that every step holds all streams in order
             spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
+            sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells };
+        }
+        if (sp->graph) {
+            common_spec_prefill_graph_begin_step(sp->graph, sp->graph_streams.data(), n_seq);
         }
         // the callback only around the query steps: installed, it makes the scheduler wait after every split, which
         // would stall the prompt prefill's pipelining
@@ -493,6 +625,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             error = sp->capture_error;
             ok = false;
         }
+        ok = ok && spec_prefill_fold_graph(sp, error);
         bool all_done = true;
         for (int32_t s = 0; s < n_seq && ok; ++s) {
             auto & st = sp->streams[s];
@@ -506,7 +639,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
                 break;
             }
             common_spec_prefill_scores_end_row(st.scores);
-            n_rows++;
+            res.n_rows++;
 
             const float * logits = llama_get_logits_ith(ctx, s);
             next[s] = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
@@ -518,12 +651,14 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         }
     }
 
+    res.t_query_ms += (ggml_time_us() - t_query) / 1000.0;
+
     for (int32_t s = 0; s < n_seq; ++s) {
         if (ok) {
             // renormalised over n_norm keys, a window's rows compare to a full-prompt row once scaled by
             // n_norm / n_prompt (a uniform row then scores 1/n_prompt everywhere)
-            const float scale = (float) sp->streams[s].n_norm / (float) n_prompt;
-            common_spec_prefill_scores_get(sp->streams[s].scores, scale, scores.data() + round[s]->begin);
+            const float scale = (float) sp->streams[s].n_norm / (float) res.n_prompt;
+            common_spec_prefill_scores_get(sp->streams[s].scores, scale, res.scores.data() + round[s]->begin);
         }
         common_spec_prefill_scores_free(sp->streams[s].scores);
     }
@@ -574,7 +709,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
             round.push_back(&plan.windows[w]);
         }
-        if (!spec_prefill_score_round(sp, round, res.n_prompt, res.scores, res.n_rows, error)) {
+        if (!spec_prefill_score_round(sp, round, res, error)) {
             res.scores.clear();
             LOG_WRN("%s: scoring failed, prefilling in full: %s\n", __func__, error.c_str());
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);

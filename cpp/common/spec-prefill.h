@@ -42,8 +42,10 @@ struct common_spec_prefill_result {
     int32_t n_rows     = 0; // query rows used, over all windows
     int32_t n_layers   = 0; // draft layers whose rows were used
 
-    double t_setup_ms = 0.0; // (re)creating the draft context, when the prompt needed a bigger one
-    double t_score_ms = 0.0; // scoring and selection, setup included
+    double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed a bigger one
+    double t_draft_prefill_ms = 0.0; // the draft's prefill of the windows (flash attention)
+    double t_query_ms         = 0.0; // the query steps: lookahead decodes and the reduction of their attention
+    double t_score_ms         = 0.0; // scoring and selection, setup included
 
     bool sparse() const { return status == COMMON_SPEC_PREFILL_SPARSE; }
 };

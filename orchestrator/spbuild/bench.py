@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -104,14 +105,19 @@ def make_prompt(n_tokens: int, seed: int = 1) -> str:
 class Config:
     name: str
     args: list[str]
+    env: dict[str, str]
 
 
-def default_configs(window: int) -> list[Config]:
+def default_configs(window: int, scorings: list[str]) -> list[Config]:
+    """p 0.1 and 0.3, full-prompt and windowed; per scoring place (LLAMA_SPEC_PREFILL_SCORING) when asked."""
     configs = []
-    for p in ("0.1", "0.3"):
-        configs.append(Config(f"p={p} full", ["--spec-prefill-p", p]))
-        configs.append(Config(f"p={p} window {window // 1024}K", ["--spec-prefill-p", p, "--spec-prefill-window",
-                                                                  str(window)]))
+    for scoring in scorings:
+        suffix = "" if scoring == "auto" else f" [{scoring} scoring]"
+        env = {} if scoring == "auto" else {"LLAMA_SPEC_PREFILL_SCORING": scoring}
+        for p in ("0.1", "0.3"):
+            configs.append(Config(f"p={p} full{suffix}", ["--spec-prefill-p", p], env))
+            configs.append(Config(f"p={p} window {window // 1024}K{suffix}",
+                                  ["--spec-prefill-p", p, "--spec-prefill-window", str(window)], env))
     return configs
 
 
@@ -127,7 +133,7 @@ def draft_prefill_ms(bin_dir: Path, draft: Path, n_tokens: int, common: list[str
 
 def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, out_dir: Path,
         bench_args: list[str], tool_args: list[str], only: list[str] | None = None,
-        draft_bench: bool = True) -> list[dict]:
+        draft_bench: bool = True, scorings: list[str] | None = None) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     n_ctx_draft = max(max(sizes) + 16384, 16 * (window + 512))
@@ -139,7 +145,7 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
             t_draft = draft_prefill_ms(bin_dir, draft, n, bench_args, out_dir / f"llama-bench-{n}.log")
             print(f"[{n}] draft prefill (llama-bench, flash attention): {t_draft:.0f} ms", file=sys.stderr, flush=True)
         baseline = None
-        configs = [c for c in default_configs(window) if only is None or c.name in only]
+        configs = [c for c in default_configs(window, scorings or ["auto"]) if only is None or c.name in only]
         for i, config in enumerate(configs):
             report = out_dir / f"run-{n}-{i}.json"
             argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-mpd", str(draft), "-f", str(prompt),
@@ -148,7 +154,8 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
             if baseline is None:
                 argv.append("--baseline")
             started = time.monotonic()
-            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                  env={**os.environ, **config.env})
             (out_dir / f"run-{n}-{i}.log").write_text(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 print(f"[{n}] {config.name}: failed, see {out_dir}/run-{n}-{i}.log", file=sys.stderr)
@@ -162,6 +169,7 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
                 "kept": len(data["kept"]), "windows": data["n_windows"], "parallel": data["n_parallel"],
                 "score_ms": data["score_ms"], "draft_prefill_ms": t_draft,
                 "score_over_draft": data["score_ms"] / t_draft, "prefill_ms": spec["prefill_ms"],
+                "score_draft_prefill_ms": data["score_draft_prefill_ms"], "score_query_ms": data["score_query_ms"],
                 "ttft_ms": spec["ttft_ms"], "baseline_ttft_ms": baseline, "speedup": baseline / spec["ttft_ms"],
             }
             rows.append(row)
@@ -178,12 +186,13 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| prompt tokens | config | kept | windows (side by side) | scoring ms | scoring / draft prefill | "
-             "sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
+    lines = ["| prompt tokens | config | kept | windows (side by side) | scoring ms (draft prefill + query steps) | "
+             "scoring / draft prefill | sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['windows']} ({r['parallel']}) | "
-                     f"{r['score_ms']:,.0f} | {r['score_over_draft']:.2f}x | {r['prefill_ms']:,.0f} | "
+                     f"{r['score_ms']:,.0f} ({r['score_draft_prefill_ms']:,.0f} + {r['score_query_ms']:,.0f}) | "
+                     f"{r['score_over_draft']:.2f}x | {r['prefill_ms']:,.0f} | "
                      f"{r['ttft_ms']:,.0f} | {r['baseline_ttft_ms']:,.0f} | **{r['speedup']:.2f}x** |")
     return "\n".join(lines) + "\n"
 
@@ -206,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--bench-args", default="-b 4096 -ub 1024", help="llama-bench arguments (batch sizes)")
     rn.add_argument("--only", help="comma-separated config names to run (default: all)")
     rn.add_argument("--no-draft-bench", action="store_true", help="skip the llama-bench reference of the draft")
+    rn.add_argument("--scoring", default="auto",
+                    help="comma-separated places to reduce the attention rows: auto, host, graph "
+                         "(LLAMA_SPEC_PREFILL_SCORING); each adds its configs")
     rn.add_argument("--tool-args", default="-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on",
                     help="llama-specprefill arguments shared by every run")
     args = parser.parse_args(argv)
@@ -217,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     run(args.bin, args.target, args.draft, sizes, args.window, args.out, args.bench_args.split(),
-        args.tool_args.split(), args.only.split(",") if args.only else None, not args.no_draft_bench)
+        args.tool_args.split(), args.only.split(",") if args.only else None, not args.no_draft_bench,
+        args.scoring.split(","))
     return 0
 
 

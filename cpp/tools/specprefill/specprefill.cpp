@@ -132,9 +132,11 @@ static void print_run(const char * title, const run_result & r) {
     LOG("%s\n", title);
     if (r.t_score_ms > 0.0) {
         LOG("  score      %9.1f ms", r.t_score_ms);
+        LOG("  (draft prefill %.1f ms, query steps %.1f ms", r.sp.t_draft_prefill_ms, r.sp.t_query_ms);
         if (r.t_setup_ms > 0.0) {
-            LOG("  (draft context setup %.1f ms)", r.t_setup_ms);
+            LOG(", draft context setup %.1f ms", r.t_setup_ms);
         }
+        LOG(")");
         LOG("\n");
     }
     LOG("  prefill    %9.1f ms  %d tokens\n", r.t_prefill_ms, r.n_prefilled);
@@ -283,6 +285,8 @@ static int run(int argc, char ** argv) {
         j["setup_ms"]       = t_setup_ms;
         j["score_ms"]       = spec.t_score_ms;
         j["score_setup_ms"] = spec.t_setup_ms;
+        j["score_draft_prefill_ms"] = res.t_draft_prefill_ms;
+        j["score_query_ms"] = res.t_query_ms;
         j["run"]            = run_json(spec);
         if (opts.baseline) {
             j["baseline"] = run_json(base);
