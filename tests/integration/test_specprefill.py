@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from harness import TINY_ARCHS, words_prompt
+from harness import TINY_ARCHS, lavapipe_available, words_prompt
 
 CPU = ("--device", "none")
 # the tiny models' trained context is 256: give the target and the draft room for the test prompts
@@ -16,10 +16,12 @@ ROOMY = ("-c", "8192", "--spec-prefill-ctx", "16384")
 PROMPT = words_prompt(2400)  # about 2,700 tokens of the test tokenizer
 
 
-def run_tool(tool, model, *args, prompt=PROMPT):
-    result = tool.run("-m", model, "-mpd", model, *CPU, *ROOMY, "-n", "6", "--temp", "0",
-                      "--spec-prefill-min-tokens", "256", *args, prompt=prompt)
+def run_tool(tool, model, *args, prompt=PROMPT, device=CPU, env=None, log=None):
+    result = tool.run("-m", model, "-mpd", model, *device, *ROOMY, "-n", "6", "--temp", "0",
+                      "--spec-prefill-min-tokens", "256", *args, prompt=prompt, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    if log is not None:
+        log.append(result.stderr)
     return result.report
 
 
@@ -91,6 +93,55 @@ def test_windows_score_every_token_once(tool, tiny_models):
     assert report["n_windows"] == math.ceil(n / 512)
     assert report["n_parallel"] >= 2  # windows run side by side as sequences of one batch
     assert all(s > 0 for s in report["scores"])
+
+
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
+@pytest.mark.parametrize("window", [0, 512], ids=["full", "windowed"])
+def test_scoring_graph_matches_the_host_reference(tool, tiny_models, arch, window):
+    """The attention rows reduced by a ggml graph (on the CPU backend here) score like the host code that the Python
+    extension checks against NumPy."""
+    log: list[str] = []
+    args = ("--spec-prefill-window", str(window))
+    graph = run_tool(tool, tiny_models[arch], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"}, log=log)
+    host = run_tool(tool, tiny_models[arch], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "host"}, log=log)
+    assert "attention rows are reduced on CPU" in log[0]
+    assert "attention rows are reduced" not in log[1]
+    a, b = np.array(graph["scores"]), np.array(host["scores"])
+    assert np.allclose(a, b, rtol=1e-5, atol=0), float(np.max(np.abs(a - b) / b))
+    assert graph["kept"] == host["kept"]
+    assert (graph["n_rows"], graph["n_layers"]) == (host["n_rows"], host["n_layers"])
+
+
+@pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch):
+    """With the draft on a Vulkan device, its attention rows are reduced there and score like the CPU reference."""
+    if build.record.backend != "vulkan":
+        pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
+    log: list[str] = []
+    # -fa off: Debian 12's lavapipe crashes in the flash-attention path (see test_build.py)
+    on_gpu = run_tool(tool, tiny_models[arch], "-fa", "off", device=("-ngl", "99", "-nglpd", "99"),
+                      env={"GGML_VK_VISIBLE_DEVICES": "0"}, log=log)
+    on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
+    assert "attention rows are reduced on Vulkan0" in log[0]
+    a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
+    assert np.allclose(a, b, rtol=1e-3, atol=0), float(np.max(np.abs(a - b) / b))
+
+
+@pytest.mark.parametrize("kernel", [1, 8], ids=["no-pooling", "even-kernel"])
+def test_scoring_graph_pools_like_the_host_reference(tool, tiny_models, kernel):
+    args = ("--spec-prefill-pool-kernel", str(kernel), "--spec-prefill-window", "1024")
+    graph = run_tool(tool, tiny_models["llama"], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"})
+    host = run_tool(tool, tiny_models["llama"], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
+    a, b = np.array(graph["scores"]), np.array(host["scores"])
+    assert np.allclose(a, b, rtol=1e-5, atol=0), float(np.max(np.abs(a - b) / b))
+
+
+def test_unknown_scoring_place_is_refused(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], *CPU, prompt="alpha beta",
+                      env={"LLAMA_SPEC_PREFILL_SCORING": "gpu"})
+    assert result.returncode != 0
+    assert "LLAMA_SPEC_PREFILL_SCORING is 'gpu': use auto, host or graph" in result.stderr
 
 
 def test_short_prompt_is_prefilled_in_full_and_says_why(tool, tiny_models):
