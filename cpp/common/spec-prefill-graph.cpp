@@ -246,12 +246,13 @@ common_spec_prefill_graph_status common_spec_prefill_graph_add_layer(common_spec
             const float   norm  = g->host[r];
             const float   stray = g->host[n_rows + r];
             if (stray != 0.0f) {
-                fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ": attention on "
-                        "KV cells past the sequence's %d cells (cells do not map to positions)", il, s,
-                        g->streams[s].n_filled));
+                fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ", head %"
+                        PRId64 ": attention %g on KV cells past the sequence's %d of %" PRId64 " cells (cells do not "
+                        "map to positions)", il, s, r % n_head, stray, g->streams[s].n_filled, n_kv));
             } else if (!(norm > 0.0f) || !std::isfinite(norm)) {
-                fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ": empty or "
-                        "non-finite attention row", il, s));
+                fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ", head %"
+                        PRId64 ": attention on the prompt's %d cells is %g (of %" PRId64 " cells)", il, s, r % n_head,
+                        g->streams[s].n_norm, norm, n_kv));
             }
         }
     }

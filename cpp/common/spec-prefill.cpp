@@ -131,12 +131,15 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
             }
             return true;
         }
-        if (status == COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS) {
-            sp->capture_error = error;
-            return false;
-        }
+        // the host reading below checks the same weights: if they pass there, the graph is what is wrong on this
+        // backend (seen on CUDA with several sequences per step); the host scores from here on, and the graph's
+        // partial step is dropped
         LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
         sp->graph_failed = true;
+        common_spec_prefill_graph_begin_step(graph, sp->graph_streams.data(), (int32_t) sp->graph_streams.size());
+        for (auto & st : sp->streams) {
+            st.n_added = 0;
+        }
     }
 
     const int64_t n_kv     = t->ne[0];
@@ -499,6 +502,7 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;
     }
+
     // the query steps decode one token per sequence: only they output attention weights (beside flash attention)
     llama_set_attn_weights_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
     sp->ctx_n_seq   = n_seq;

@@ -22,6 +22,7 @@
 // this tool's own options, taken out of argv before the common parser sees it
 struct tool_options {
     bool        baseline = false;
+    int         repeat   = 1;
     std::string json_path;
 };
 
@@ -30,6 +31,12 @@ static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--baseline") == 0) {
             opts.baseline = true;
+        } else if (strcmp(argv[i], "--repeat") == 0) {
+            opts.repeat = i + 1 < argc ? atoi(argv[++i]) : 0;
+            if (opts.repeat < 1) {
+                fprintf(stderr, "error: --repeat needs a count of at least 1\n");
+                return false;
+            }
         } else if (strcmp(argv[i], "--json") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "error: --json needs a file name\n");
@@ -40,6 +47,8 @@ static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
             if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
                 printf("llama-specprefill -m TARGET -mpd DRAFT (-p PROMPT | -f FILE) [options]\n\n"
                        "  --baseline     also prefill the whole prompt in this process and compare the TTFTs\n"
+                       "  --repeat N     run the prompt N times (each with its baseline) and report the last run, as a\n"
+                       "                 long-running server would see it; every run's TTFT is printed\n"
                        "  --json FILE    write the kept positions, the per-token scores and the timings as JSON\n\n");
             }
             argv[out++] = argv[i];
@@ -240,14 +249,33 @@ static int run(int argc, char ** argv) {
     const double t_setup_ms = ms_since(t_setup);
 
     run_result base;
-    if (opts.baseline && !run_prompt(ctx, params, prompt, nullptr, base)) {
-        common_spec_prefill_free(sp);
-        return 1;
-    }
     run_result spec;
-    if (!run_prompt(ctx, params, prompt, sp, spec)) {
-        common_spec_prefill_free(sp);
-        return 1;
+    common_json repeats = common_json::array();
+    for (int r = 0; r < opts.repeat; ++r) {
+        base = run_result();
+        spec = run_result();
+        if (opts.baseline && !run_prompt(ctx, params, prompt, nullptr, base)) {
+            common_spec_prefill_free(sp);
+            return 1;
+        }
+        if (!run_prompt(ctx, params, prompt, sp, spec)) {
+            common_spec_prefill_free(sp);
+            return 1;
+        }
+        common_json rj;
+        rj["ttft_ms"]          = spec.t_ttft_ms;
+        rj["score_ms"]         = spec.t_score_ms;
+        rj["draft_prefill_ms"] = spec.sp.t_draft_prefill_ms;
+        rj["query_ms"]         = spec.sp.t_query_ms;
+        if (opts.baseline) {
+            rj["baseline_ttft_ms"] = base.t_ttft_ms;
+        }
+        if (opts.repeat > 1) {
+            LOG_INF("run %d of %d: TTFT %.1f ms (score %.1f ms: draft prefill %.1f ms, query steps %.1f ms)%s\n", r + 1,
+                    opts.repeat, spec.t_ttft_ms, spec.t_score_ms, spec.sp.t_draft_prefill_ms, spec.sp.t_query_ms,
+                    opts.baseline ? string_format(", baseline TTFT %.1f ms", base.t_ttft_ms).c_str() : "");
+        }
+        repeats.push_back(rj);
     }
 
     const auto & res = spec.sp;
@@ -288,6 +316,7 @@ static int run(int argc, char ** argv) {
         j["score_draft_prefill_ms"] = res.t_draft_prefill_ms;
         j["score_query_ms"] = res.t_query_ms;
         j["run"]            = run_json(spec);
+        j["repeats"]        = repeats;
         if (opts.baseline) {
             j["baseline"] = run_json(base);
             j["speedup"]  = base.t_ttft_ms / spec.t_ttft_ms;

@@ -1,0 +1,24 @@
+"""The benchmark's configuration matrix and its table (the runs themselves need a GPU: docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from spbuild import bench
+
+
+def test_each_scoring_place_adds_its_configs_with_its_environment():
+    configs = bench.default_configs(8192, ["auto", "host"])
+    names = [c.name for c in configs]
+    assert names[:4] == ["p=0.1 full", "p=0.1 window 8K", "p=0.3 full", "p=0.3 window 8K"]
+    assert names[4:] == [n + " [host scoring]" for n in names[:4]]
+    assert all(c.env == {} for c in configs[:4])
+    assert all(c.env == {"LLAMA_SPEC_PREFILL_SCORING": "host"} for c in configs[4:])
+    windowed = configs[1]
+    assert windowed.args[windowed.args.index("--spec-prefill-window") + 1] == "8192"
+
+
+def test_table_shows_the_scoring_phases_and_the_speedup():
+    row = {"n_prompt": 32769, "config": "p=0.1 full", "kept": 3360, "windows": 1, "parallel": 1, "score_ms": 867.0,
+           "score_draft_prefill_ms": 812.0, "score_query_ms": 48.0, "score_over_draft": 1.4, "prefill_ms": 127.0,
+           "ttft_ms": 1006.0, "baseline_ttft_ms": 2382.0, "speedup": 2.37}
+    table = bench.markdown([row])
+    assert "| 32,769 | p=0.1 full | 3,360 | 1 (1) | 867 (812 + 48) | 1.40x | 127 | 1,006 | 2,382 | **2.37x** |" in table
