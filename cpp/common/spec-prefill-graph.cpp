@@ -120,6 +120,7 @@ static void spec_prefill_graph_upload(common_spec_prefill_graph * g) {
 
 struct spec_prefill_layer_graph {
     ggml_cgraph * gf    = nullptr;
+    ggml_tensor * total = nullptr; // [1, 1, n_head, n_stream] each row's weight, all cells
     ggml_tensor * norm  = nullptr; // [1, 1, n_head, n_stream] each row's weight on the prompt's keys
     ggml_tensor * stray = nullptr; // [1, 1, n_head, n_stream] each row's weight past the filled cells
 };
@@ -140,6 +141,7 @@ static spec_prefill_layer_graph spec_prefill_graph_build(common_spec_prefill_gra
     lg.gf = ggml_new_graph_custom(ctx, 64, false);
 
     ggml_tensor * prompt = ggml_mul(ctx, kq, mask(g->mask_norm));
+    lg.total = ggml_sum_rows(ctx, kq);
     lg.norm  = ggml_sum_rows(ctx, prompt);
     lg.stray = ggml_sum_rows(ctx, ggml_mul(ctx, kq, mask(g->mask_past)));
 
@@ -155,7 +157,8 @@ static spec_prefill_layer_graph spec_prefill_graph_build(common_spec_prefill_gra
     }
     const int64_t n_out = pooled->ne[0]; // n_kv, or n_kv + 1 for an even kernel
 
-    ggml_tensor * renorm = ggml_div(ctx, pooled, lg.norm);
+    // a head with no weight on the prompt divides zeros by a tiny number: it adds nothing, as on the host
+    ggml_tensor * renorm = ggml_div(ctx, pooled, ggml_clamp(ctx, lg.norm, FLT_MIN, FLT_MAX));
     ggml_tensor * heads  = ggml_pool_2d(ctx, ggml_reshape_3d(ctx, renorm, n_out, n_head, n_stream), GGML_OP_POOL_MAX,
             1, (int) n_head, 1, (int) n_head, 0.0f, 0.0f); // [n_out, 1, n_stream]
     if (counts) {
@@ -166,8 +169,10 @@ static spec_prefill_layer_graph spec_prefill_graph_build(common_spec_prefill_gra
     ggml_tensor * src = ggml_view_2d(ctx, heads, n_kv, n_stream, heads->nb[2], offset);
     ggml_tensor * dst = ggml_view_2d(ctx, g->layer_max, n_kv, n_stream, g->layer_max->nb[1], il*g->layer_max->nb[2]);
 
+    ggml_set_output(lg.total);
     ggml_set_output(lg.norm);
     ggml_set_output(lg.stray);
+    ggml_build_forward_expand(lg.gf, lg.total);
     ggml_build_forward_expand(lg.gf, lg.norm);
     ggml_build_forward_expand(lg.gf, lg.stray);
     ggml_build_forward_expand(lg.gf, ggml_cpy(ctx, src, dst));
@@ -238,21 +243,26 @@ common_spec_prefill_graph_status common_spec_prefill_graph_add_layer(common_spec
 
     if (status == COMMON_SPEC_PREFILL_GRAPH_OK) {
         const int64_t n_rows = n_head*n_stream;
-        g->host.resize(2*n_rows);
-        ggml_backend_tensor_get(lg.norm,  g->host.data(),          0, n_rows*sizeof(float));
-        ggml_backend_tensor_get(lg.stray, g->host.data() + n_rows, 0, n_rows*sizeof(float));
+        g->host.resize(3*n_rows);
+        ggml_backend_tensor_get(lg.total, g->host.data(),            0, n_rows*sizeof(float));
+        ggml_backend_tensor_get(lg.norm,  g->host.data() + n_rows,   0, n_rows*sizeof(float));
+        ggml_backend_tensor_get(lg.stray, g->host.data() + 2*n_rows, 0, n_rows*sizeof(float));
         for (int64_t r = 0; r < n_rows && status == COMMON_SPEC_PREFILL_GRAPH_OK; ++r) {
             const int64_t s     = r / n_head;
-            const float   norm  = g->host[r];
-            const float   stray = g->host[n_rows + r];
+            const float   total = g->host[r];
+            const float   norm  = g->host[n_rows + r];
+            const float   stray = g->host[2*n_rows + r];
+            if (!g->streams[s].active) {
+                continue;
+            }
             if (stray != 0.0f) {
                 fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ", head %"
                         PRId64 ": attention %g on KV cells past the sequence's %d of %" PRId64 " cells (cells do not "
                         "map to positions)", il, s, r % n_head, stray, g->streams[s].n_filled, n_kv));
-            } else if (!(norm > 0.0f) || !std::isfinite(norm)) {
+            } else if (!(total > 0.0f) || !std::isfinite(total) || !std::isfinite(norm)) {
                 fail(COMMON_SPEC_PREFILL_GRAPH_BAD_WEIGHTS, string_format("layer %d, sequence %" PRId64 ", head %"
-                        PRId64 ": attention on the prompt's %d cells is %g (of %" PRId64 " cells)", il, s, r % n_head,
-                        g->streams[s].n_norm, norm, n_kv));
+                        PRId64 ": empty or non-finite attention row (weight %g, %g of it on the prompt's %d cells)", il,
+                        s, r % n_head, total, norm, g->streams[s].n_norm));
             }
         }
     }

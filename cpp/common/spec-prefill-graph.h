@@ -25,6 +25,7 @@ struct common_spec_prefill_graph_stream {
     int32_t n_keys;   // cells in the span
     int32_t n_norm;   // rows are renormalised over cells [0, n_norm)
     int32_t n_filled; // cells the sequence has filled: weights on cells >= n_filled mean cell j is not position j
+    bool    active;   // false: the sequence's rows are computed but neither checked nor used (it hit end of generation)
 };
 
 struct common_spec_prefill_graph;
@@ -49,7 +50,8 @@ enum common_spec_prefill_graph_status {
 };
 
 // fold layer il's attention weights, kq [n_kv, 1, n_head, n_stream] in a buffer of the graph's device, into the step;
-// on failure `error` says why
+// on failure `error` says why. As on the host, a head that gives the prompt's cells no weight at all (all of it on
+// the lookahead tokens) adds nothing; a row with no weight anywhere is an error.
 enum common_spec_prefill_graph_status common_spec_prefill_graph_add_layer(struct common_spec_prefill_graph * g,
         const struct ggml_tensor * kq, int32_t il, std::string & error);
 

@@ -132,8 +132,7 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
             return true;
         }
         // the host reading below checks the same weights: if they pass there, the graph is what is wrong on this
-        // backend (seen on CUDA with several sequences per step); the host scores from here on, and the graph's
-        // partial step is dropped
+        // backend; the host scores from here on, and the graph's partial step is dropped
         LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
         sp->graph_failed = true;
         common_spec_prefill_graph_begin_step(graph, sp->graph_streams.data(), (int32_t) sp->graph_streams.size());
@@ -447,15 +446,15 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
     for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
         spec_prefill_batch_add(batch, tok, s == 0 ? n_prefill : 0, s, true);
     }
-    // the query step goes through the scoring too (its graph is made and sized here), on streams marked done, so
-    // that nothing is folded into scores
+    // the query step goes through the scoring too (its graph is made, sized and checked here), on streams marked done
+    // for the host, so that nothing is folded into scores
     sp->streams.assign(sp->ctx_n_seq, {});
     sp->graph_streams.resize(sp->ctx_n_seq);
     for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
         const int32_t n_filled = s == 0 ? n_prefill + 1 : 1;
         sp->streams[s].n_cells = n_filled;
         sp->streams[s].done    = true;
-        sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled };
+        sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
     }
     std::fill(sp->layer_usable.begin(), sp->layer_usable.end(), 1);
     std::string error;
@@ -615,7 +614,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             }
             // finished sequences still decode, so that every step holds all streams in order
             spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
-            sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells };
+            sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
         }
         if (sp->graph) {
             common_spec_prefill_graph_begin_step(sp->graph, sp->graph_streams.data(), n_seq);

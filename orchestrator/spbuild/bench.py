@@ -22,6 +22,8 @@ SHAPES: dict[str, dict[str, int]] = {
     "8b": {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336},
     "1.5b": {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "n_ff": 8192},
     "tiny": {"n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512},
+    # for tests: with sharp attention, a token attends almost only to itself (see make_model)
+    "sharp": {"n_embd": 256, "n_layer": 1, "n_head": 4, "n_head_kv": 4, "n_ff": 256},
 }
 
 # common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
@@ -38,9 +40,12 @@ def _gguf(tree: Path):
     return gguf
 
 
-def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, seed: int = 0) -> Path:
+def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, seed: int = 0,
+               sharp_attention: bool = False) -> Path:
     """A llama-architecture GGUF of `shape` with F16 random weights and the llama-bpe vocabulary (weight values do not
-    change the cost of a forward pass)."""
+    change the cost of a forward pass). sharp_attention makes the query and key projections a large multiple of the
+    identity (the shape needs n_head == n_head_kv): each token's attention then sits almost only on itself, so a
+    lookahead token's row can give the prompt exactly zero weight, a case the scoring must handle."""
     import numpy as np
 
     gguf = _gguf(tree)
@@ -81,8 +86,14 @@ def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, see
     for il in range(s["n_layer"]):
         p = f"blk.{il}."
         writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(p + "attn_q.weight", weight(n_embd, n_embd))
-        writer.add_tensor(p + "attn_k.weight", weight(n_kv, n_embd))
+        if sharp_attention:
+            assert n_kv == n_embd, "sharp attention needs as many KV heads as heads"
+            sharp = (np.eye(n_embd) * 8.0).astype(np.float16)
+            writer.add_tensor(p + "attn_q.weight", sharp)
+            writer.add_tensor(p + "attn_k.weight", sharp)
+        else:
+            writer.add_tensor(p + "attn_q.weight", weight(n_embd, n_embd))
+            writer.add_tensor(p + "attn_k.weight", weight(n_kv, n_embd))
         writer.add_tensor(p + "attn_v.weight", weight(n_kv, n_embd))
         writer.add_tensor(p + "attn_output.weight", weight(n_embd, n_embd))
         writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))

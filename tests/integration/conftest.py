@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import TINY_ARCHS, Build, ServerProcess, SpecPrefillTool
+from spbuild import bench
 from spbuild.build import BuildRecord, find_build
 from spbuild.project import Project, Workspace
 
@@ -45,6 +46,16 @@ def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
             subprocess.run([saver, "-a", f"^{arch}$", "-o", out], check=True, capture_output=True, timeout=300)
         models[arch] = path
     return models
+
+
+@pytest.fixture(scope="session")
+def sharp_model(workspace: Workspace) -> Path:
+    """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.bench sharp_attention), so
+    lookahead rows give the prompt exactly zero weight in some heads."""
+    path = workspace.models_dir / "sharp.gguf"
+    if not path.exists():
+        bench.make_model(workspace.source_dir, "sharp", path, n_ctx_train=16384, sharp_attention=True)
+    return path
 
 
 @pytest.fixture(scope="session")

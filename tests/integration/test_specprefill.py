@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from spbuild import bench
+
 from harness import TINY_ARCHS, lavapipe_available, words_prompt
 
 CPU = ("--device", "none")
@@ -110,6 +112,23 @@ def test_scoring_graph_matches_the_host_reference(tool, tiny_models, arch, windo
     assert np.allclose(a, b, rtol=1e-5, atol=0), float(np.max(np.abs(a - b) / b))
     assert graph["kept"] == host["kept"]
     assert (graph["n_rows"], graph["n_layers"]) == (host["n_rows"], host["n_layers"])
+
+
+@pytest.mark.parametrize("window", [0, 1024], ids=["full", "windowed"])
+def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, window):
+    """Lookahead tokens that attend only to themselves give some heads no weight on the prompt: the host skips those
+    heads, and so must the graph (it once took them for broken rows and fell back to the host, found on CUDA)."""
+    log: list[str] = []
+    args = ("--spec-prefill-window", str(window), "--spec-prefill-p", "0.1")
+    prompt = bench.make_prompt(2400)
+    graph = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"}, log=log)
+    host = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
+    assert "scoring on the host" not in log[0]
+    assert graph["status"] == host["status"] == "sparse"
+    a, b = np.array(graph["scores"]), np.array(host["scores"])
+    assert np.count_nonzero(b == 0) > 0  # the case is there: tokens no row weighs at all
+    assert np.allclose(a, b, rtol=1e-5, atol=0), float(np.max(np.abs(a - b)))
+    assert graph["kept"] == host["kept"]
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
