@@ -80,7 +80,9 @@ struct common_spec_prefill {
     bool graph_failed = false;                   // a backend could not run it: host scoring from then on
     std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
     std::vector<float> graph_out;
-    int32_t n_layers_used = 0;
+    int32_t n_layers_used  = 0;
+    int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
+    int32_t n_reads_host   = 0; // and on the host
 };
 
 //
@@ -129,6 +131,7 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
                 sp->layer_seen[il] = 1;
                 sp->n_layers_used++;
             }
+            sp->n_reads_graph++;
             return true;
         }
         // the host reading below checks the same weights: if they pass there, the graph is what is wrong on this
@@ -207,6 +210,7 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
         sp->layer_seen[il] = 1;
         sp->n_layers_used++;
     }
+    sp->n_reads_host++;
     return true;
 }
 
@@ -704,6 +708,8 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();
     sp->n_layers_used = 0;
+    sp->n_reads_graph = 0;
+    sp->n_reads_host  = 0;
     std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
 
     std::string error;
@@ -719,6 +725,12 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         }
     }
     res.n_layers = sp->n_layers_used;
+    if (sp->n_reads_graph > 0) {
+        res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));
+    }
+    if (sp->n_reads_host > 0) {
+        res.reduced_on += res.reduced_on.empty() ? "host" : "+host";
+    }
 
     auto kept = common_spec_prefill_select(res.scores.data(), res.n_prompt, sp->params.select);
     if ((int32_t) kept.size() >= res.n_prompt) {

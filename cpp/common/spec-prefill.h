@@ -41,6 +41,7 @@ struct common_spec_prefill_result {
     int32_t n_parallel = 0; // windows scored side by side as sequences of one batch
     int32_t n_rows     = 0; // query rows used, over all windows
     int32_t n_layers   = 0; // draft layers whose rows were used
+    std::string reduced_on; // where the rows were reduced: a device ("CUDA0"), "host", or both ("CUDA0+host")
 
     double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed a bigger one
     double t_draft_prefill_ms = 0.0; // the draft's prefill of the windows (flash attention)

@@ -177,6 +177,7 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
             spec = data["run"]
             row = {
                 "n_prompt": data["n_prompt"], "config": config.name, "status": data["status"], "reason": data["reason"],
+                "reduced_on": data.get("reduced_on", ""),
                 "kept": len(data["kept"]), "windows": data["n_windows"], "parallel": data["n_parallel"],
                 "score_ms": data["score_ms"], "draft_prefill_ms": t_draft,
                 "score_over_draft": data["score_ms"] / t_draft, "prefill_ms": spec["prefill_ms"],
@@ -188,7 +189,8 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
             print(f"[{n}] {config.name}: kept {row['kept']}, score {row['score_ms']:.0f} ms "
                   f"({row['score_over_draft']:.2f}x draft prefill), TTFT {row['ttft_ms']:.0f} ms vs "
                   f"{baseline:.0f} ms: {row['speedup']:.2f}x ({time.monotonic() - started:.0f} s)"
-                  + (f"; {row['status']}: {row['reason']}" if row["status"] != "sparse" else ""),
+                  + (f"; {row['status']}: {row['reason']}" if row["status"] != "sparse" else "")
+                  + (f"; rows reduced on {row['reduced_on']}" if row["reduced_on"] else ""),
                   file=sys.stderr, flush=True)
     (out_dir / "results.json").write_text(json.dumps(rows, indent=1))
     table = markdown(rows)

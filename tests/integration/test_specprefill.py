@@ -108,6 +108,7 @@ def test_scoring_graph_matches_the_host_reference(tool, tiny_models, arch, windo
     host = run_tool(tool, tiny_models[arch], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "host"}, log=log)
     assert "attention rows are reduced on CPU" in log[0]
     assert "attention rows are reduced" not in log[1]
+    assert (graph["reduced_on"], host["reduced_on"]) == ("CPU", "host")
     a, b = np.array(graph["scores"]), np.array(host["scores"])
     assert np.allclose(a, b, rtol=1e-5, atol=0), float(np.max(np.abs(a - b) / b))
     assert graph["kept"] == host["kept"]
@@ -124,6 +125,7 @@ def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, win
     graph = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"}, log=log)
     host = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
     assert "scoring on the host" not in log[0]
+    assert graph["reduced_on"] == "CPU"  # no layer handed over to the host
     assert graph["status"] == host["status"] == "sparse"
     a, b = np.array(graph["scores"]), np.array(host["scores"])
     assert np.count_nonzero(b == 0) > 0  # the case is there: tokens no row weighs at all
@@ -143,6 +145,7 @@ def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, ar
                       env={"GGML_VK_VISIBLE_DEVICES": "0"}, log=log)
     on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
     assert "attention rows are reduced on Vulkan0" in log[0]
+    assert on_gpu["reduced_on"] == "Vulkan0"
     a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
     assert np.allclose(a, b, rtol=1e-3, atol=0), float(np.max(np.abs(a - b) / b))
 

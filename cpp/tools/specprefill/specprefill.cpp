@@ -285,8 +285,9 @@ static int run(int argc, char ** argv) {
     if (!res.reason.empty()) {
         LOG(": %s", res.reason.c_str());
     }
-    LOG("\n  %d window(s), %d side by side, %d query rows, %d draft layers; draft context setup %.1f ms\n",
-            res.n_windows, res.n_parallel, res.n_rows, res.n_layers, t_setup_ms);
+    LOG("\n  %d window(s), %d side by side, %d query rows, %d draft layers, reduced on %s; draft context setup "
+            "%.1f ms\n", res.n_windows, res.n_parallel, res.n_rows, res.n_layers,
+            res.reduced_on.empty() ? "-" : res.reduced_on.c_str(), t_setup_ms);
     print_run("speculative prefill", spec);
     if (opts.baseline) {
         print_run("baseline (full prefill)", base);
@@ -308,6 +309,7 @@ static int run(int argc, char ** argv) {
         j["n_parallel"]     = res.n_parallel;
         j["n_rows"]         = res.n_rows;
         j["n_layers"]       = res.n_layers;
+        j["reduced_on"]     = res.reduced_on;
         j["kept"]           = res.kept;
         j["scores"]         = res.scores;
         j["setup_ms"]       = t_setup_ms;
