@@ -34,9 +34,9 @@ const char * common_spec_prefill_status_name(enum common_spec_prefill_status sta
 // what the eval callback needs to turn one layer's kq_soft_max into scores for each sequence of the step
 struct spec_prefill_stream {
     common_spec_prefill_scores * scores = nullptr;
-    int32_t n_keys  = 0; // the window's own tokens
 
     int32_t key0    = 0; // first cell of the window's own tokens
+    int32_t n_keys  = 0; // the window's own tokens
     int32_t n_norm  = 0; // cells of prompt tokens: rows are renormalised over [0, n_norm)
     int32_t n_cells = 0; // cells in use after this step's token: cells >= n_cells must have zero weight
     int32_t n_added = 0; // layers folded into the current row (on the host or in the scoring graph)
@@ -80,7 +80,6 @@ struct common_spec_prefill {
     bool graph_failed = false;                   // a backend could not run it: host scoring from then on
     std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
     std::vector<float> graph_out;
-    int32_t n_layers_used  = 0;
     int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
     int32_t n_reads_host   = 0; // and on the host
 };
@@ -127,10 +126,7 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
             for (auto & st : sp->streams) {
                 st.n_added += st.done ? 0 : 1;
             }
-            if (!sp->layer_seen[il]) {
-                sp->layer_seen[il] = 1;
-                sp->n_layers_used++;
-            }
+            sp->layer_seen[il] = 1;
             sp->n_reads_graph++;
             return true;
         }
@@ -206,10 +202,7 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
     for (auto & worker : workers) {
         worker.join();
     }
-    if (!sp->layer_seen[il]) {
-        sp->layer_seen[il] = 1;
-        sp->n_layers_used++;
-    }
+    sp->layer_seen[il] = 1;
     sp->n_reads_host++;
     return true;
 }
@@ -594,10 +587,10 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     sp->streams.assign(n_seq, {});
     for (int32_t s = 0; s < n_seq; ++s) {
         auto & st = sp->streams[s];
-        st.scores = common_spec_prefill_scores_init(round[s]->end - round[s]->begin, sp->params.pool_kernel,
+        st.n_keys = round[s]->end - round[s]->begin;
+        st.scores = common_spec_prefill_scores_init(st.n_keys, sp->params.pool_kernel,
                 std::max(1, sp->n_threads_batch / n_seq));
         st.key0   = round[s]->key0;
-        st.n_keys = round[s]->end - round[s]->begin;
         st.n_norm = (int32_t) round[s]->tokens.size();
     }
     sp->graph_streams.resize(n_seq);
@@ -707,7 +700,6 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();
-    sp->n_layers_used = 0;
     sp->n_reads_graph = 0;
     sp->n_reads_host  = 0;
     std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
@@ -724,7 +716,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
         }
     }
-    res.n_layers = sp->n_layers_used;
+    res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
     if (sp->n_reads_graph > 0) {
         res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));
     }
