@@ -150,6 +150,25 @@ def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, ar
     assert np.allclose(a, b, rtol=1e-3, atol=0), float(np.max(np.abs(a - b) / b))
 
 
+@pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
+def test_draft_prefill_after_query_steps_keeps_the_schedulers_plan(build, tool, tiny_models):
+    """A query step's graph (attention weights beside flash attention) has more nodes than a prefill's, so the
+    scheduler re-plans its buffers for it. The next prefill must start from the worst-case plan again: otherwise each
+    of its ubatches outgrows the last one's plan and re-plans behind a device sync (on an H200 a 32K-token draft
+    prefill went from 612 to 820 ms). ggml aborts on such a re-plan under GGML_SCHED_DEBUG_REALLOC=1. It needs a
+    device beside the CPU (one backend re-plans inside its allocator, unchecked), so it runs on lavapipe."""
+    if build.record.backend != "vulkan":
+        pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
+    # two runs: the second one's prefill follows the first one's query steps, as the first one's follows the warm-up's
+    report = run_tool(tool, tiny_models["llama"], "-fa", "on", "-ub", "128", "--repeat", "2",
+                      prompt=words_prompt(500), device=("-ngl", "99", "-nglpd", "99"),
+                      env={"GGML_VK_VISIBLE_DEVICES": "0", "GGML_SCHED_DEBUG_REALLOC": "1"})
+    assert len(report["repeats"]) == 2
+    assert report["status"] == "sparse", report["reason"]
+    assert report["reduced_on"] == "Vulkan0"
+    assert report["n_prompt"] > 4 * 128  # several prefill ubatches
+
+
 @pytest.mark.parametrize("kernel", [1, 8], ids=["no-pooling", "even-kernel"])
 def test_scoring_graph_pools_like_the_host_reference(tool, tiny_models, kernel):
     args = ("--spec-prefill-pool-kernel", str(kernel), "--spec-prefill-window", "1024")
