@@ -8,11 +8,11 @@
 // spec-prefill-select.cpp stays the reference: the driver can score on the host instead
 // (LLAMA_SPEC_PREFILL_SCORING=host), and the tests compare the two.
 //
-//   g = common_spec_prefill_graph_init(dev, n_cells, n_seq, n_layer, pool_kernel, n_threads);
-//   per query step:
-//       common_spec_prefill_graph_begin_step(g, streams, n_stream);
-//       common_spec_prefill_graph_add_layer(g, kq_soft_max, il, error);  // from the eval callback, per usable layer
-//       common_spec_prefill_graph_end_step(g, out);                      // out[s*n_cells + j]
+//   g = common_spec_prefill_graph_init(dev, n_cells, n_seq, n_layer, n_head, pool_kernel, n_threads);
+//   per query step, once the draft's decode is done (its kq_soft_max tensors stay valid until its next decode):
+//       common_spec_prefill_graph_step(g, streams, n_stream, kq, il, n, out, error);  // out[s*n_cells + j]
+//
+// A step is one graph over all its layers and one wait for the device, however many layers the draft has.
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -30,18 +30,14 @@ struct common_spec_prefill_graph_stream {
 
 struct common_spec_prefill_graph;
 
-// for attention weights held in buffers of `dev`; n_cells: cells per sequence (no layer's n_kv exceeds it);
-// nullptr if the device has no backend
+// for attention weights held in buffers of `dev`; n_cells: cells per sequence (no layer's n_kv exceeds it); n_head:
+// the most heads a layer has; nullptr if the device has no backend
 struct common_spec_prefill_graph * common_spec_prefill_graph_init(ggml_backend_dev_t dev, int32_t n_cells,
-        int32_t n_seq, int32_t n_layer, int32_t pool_kernel, int32_t n_threads);
+        int32_t n_seq, int32_t n_layer, int32_t n_head, int32_t pool_kernel, int32_t n_threads);
 
 void common_spec_prefill_graph_free(struct common_spec_prefill_graph * g);
 
 ggml_backend_dev_t common_spec_prefill_graph_device(const struct common_spec_prefill_graph * g);
-
-// start a query step for n_stream sequences (n_stream <= n_seq), one query row each
-void common_spec_prefill_graph_begin_step(struct common_spec_prefill_graph * g,
-        const struct common_spec_prefill_graph_stream * streams, int32_t n_stream);
 
 enum common_spec_prefill_graph_status {
     COMMON_SPEC_PREFILL_GRAPH_OK,
@@ -49,12 +45,11 @@ enum common_spec_prefill_graph_status {
     COMMON_SPEC_PREFILL_GRAPH_UNSUPPORTED, // the backend lacks an op or memory: score on the host instead
 };
 
-// fold layer il's attention weights, kq [n_kv, 1, n_head, n_stream] in a buffer of the graph's device, into the step;
-// on failure `error` says why. As on the host, a head that gives the prompt's cells no weight at all (all of it on
-// the lookahead tokens) adds nothing; a row with no weight anywhere is an error.
-enum common_spec_prefill_graph_status common_spec_prefill_graph_add_layer(struct common_spec_prefill_graph * g,
-        const struct ggml_tensor * kq, int32_t il, std::string & error);
-
-// the step's maxima over the added layers, out[s*n_cells + j] for cell j of sequence s (zero outside the spans and
-// when no layer was added); returns the number of layers added in this step, or -1 on a backend failure
-int32_t common_spec_prefill_graph_end_step(struct common_spec_prefill_graph * g, float * out);
+// one query step of n_stream sequences (n_stream <= n_seq), one query row each: kq[i] holds layer il[i]'s attention
+// weights, [n_kv, 1, n_head, n_stream] in a buffer of the graph's device. out[s*n_cells + j], for cell j of sequence s,
+// gets the max over those layers of each layer's max over heads (zero outside the spans). As on the host, a head that
+// gives the prompt's cells no weight at all (all of it on the lookahead tokens) adds nothing; a row with no weight
+// anywhere, non-finite weights or weight past a sequence's filled cells fail the step, and `error` says where.
+enum common_spec_prefill_graph_status common_spec_prefill_graph_step(struct common_spec_prefill_graph * g,
+        const struct common_spec_prefill_graph_stream * streams, int32_t n_stream, const struct ggml_tensor * const * kq,
+        const int32_t * il, int32_t n_layers, float * out, std::string & error);

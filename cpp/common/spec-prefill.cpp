@@ -70,10 +70,12 @@ struct common_spec_prefill {
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
 
-    // eval-callback state (the callback is installed only for the query steps)
+    // query-step state (the eval callback is installed only for the query steps)
     std::vector<char> layer_usable;
     std::vector<char> layer_seen;
     std::vector<spec_prefill_stream> streams;
+    std::vector<const ggml_tensor *> step_weights; // this step's kq_soft_max of the usable layers, valid until the
+    std::vector<int32_t>             step_layers;  // next decode, and their layers
     std::vector<float> buf;
     std::string capture_error;
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
@@ -105,41 +107,20 @@ static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * 
     }
     if (!sp->graph) {
         sp->graph = common_spec_prefill_graph_init(dev, sp->ctx_n_cells, sp->ctx_n_seq, sp->n_layer,
-                sp->params.pool_kernel, sp->n_threads_batch);
+                llama_model_n_head(sp->model.get()), sp->params.pool_kernel, sp->n_threads_batch);
         if (!sp->graph) {
             LOG_WRN("%s: cannot set up scoring on %s, scoring on the host\n", __func__, ggml_backend_dev_name(dev));
             sp->graph_failed = true;
             return nullptr;
         }
-        common_spec_prefill_graph_begin_step(sp->graph, sp->graph_streams.data(), (int32_t) sp->graph_streams.size());
         LOG_INF("%s: attention rows are reduced on %s\n", __func__, ggml_backend_dev_name(dev));
     }
     // layers on another device (a model split across GPUs) are scored on the host
     return common_spec_prefill_graph_device(sp->graph) == dev ? sp->graph : nullptr;
 }
 
-static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor * t, int il) {
-    if (common_spec_prefill_graph * graph = spec_prefill_graph_for(sp, t)) {
-        std::string error;
-        const auto status = common_spec_prefill_graph_add_layer(graph, t, il, error);
-        if (status == COMMON_SPEC_PREFILL_GRAPH_OK) {
-            for (auto & st : sp->streams) {
-                st.n_added += st.done ? 0 : 1;
-            }
-            sp->layer_seen[il] = 1;
-            sp->n_reads_graph++;
-            return true;
-        }
-        // the host reading below checks the same weights: if they pass there, the graph is what is wrong on this
-        // backend; the host scores from here on, and the graph's partial step is dropped
-        LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
-        sp->graph_failed = true;
-        common_spec_prefill_graph_begin_step(graph, sp->graph_streams.data(), (int32_t) sp->graph_streams.size());
-        for (auto & st : sp->streams) {
-            st.n_added = 0;
-        }
-    }
-
+// fold one layer's rows into the streams' current rows on the host (spec-prefill-select.cpp)
+static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_tensor * t, int il) {
     const int64_t n_kv     = t->ne[0];
     const int64_t n_rows   = t->ne[1];
     const int64_t n_head   = t->ne[2];
@@ -207,23 +188,76 @@ static bool spec_prefill_read_layer(common_spec_prefill * sp, const ggml_tensor 
     return true;
 }
 
+static void spec_prefill_read_step(common_spec_prefill * sp);
+
+// records the usable layers' kq_soft_max-<il> as the scheduler goes by them. Beside flash attention they are graph
+// outputs (patch 0003): nothing reuses their memory, so the decode runs through and they are read after it, all at
+// once. On the plain path the attention output reads them and their memory is reused after that, so the graph stops
+// at each one (a wait for the device per layer) and it is read here
 static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
     auto * sp = (common_spec_prefill *) user_data;
 
     static constexpr char prefix[] = "kq_soft_max-";
-    const bool is_attn = strncmp(t->name, prefix, sizeof(prefix) - 1) == 0;
-    if (ask) {
-        if (!is_attn || !sp->capture_error.empty()) {
-            return false;
+    if (!ask) {
+        spec_prefill_read_step(sp);
+        return true; // false would abort the graph: errors are reported after the decode
+    }
+    if (strncmp(t->name, prefix, sizeof(prefix) - 1) != 0) {
+        return false;
+    }
+    const int il = atoi(t->name + sizeof(prefix) - 1);
+    if (il < 0 || il >= sp->n_layer || !sp->layer_usable[il]) {
+        return false;
+    }
+    sp->step_weights.push_back(t);
+    sp->step_layers.push_back(il);
+    return (t->flags & GGML_TENSOR_FLAG_OUTPUT) == 0;
+}
+
+// fold the recorded layers into the streams' current rows: in one scoring graph where the weights are, or on the
+// host. A graph whose checks fail hands this step and the next ones to the host, which checks the same
+// weights: if they pass there, the graph was what failed on this backend, and the request still gets its scores
+static void spec_prefill_read_step(common_spec_prefill * sp) {
+    std::vector<const ggml_tensor *> on_graph;
+    std::vector<int32_t>             on_graph_il;
+    for (size_t i = 0; i < sp->step_weights.size() && sp->capture_error.empty(); ++i) {
+        const ggml_tensor * t = sp->step_weights[i];
+        if (spec_prefill_graph_for(sp, t)) {
+            on_graph.push_back(t);
+            on_graph_il.push_back(sp->step_layers[i]);
+        } else {
+            spec_prefill_read_layer_host(sp, t, sp->step_layers[i]);
         }
-        const int il = atoi(t->name + sizeof(prefix) - 1);
-        return il >= 0 && il < sp->n_layer && sp->layer_usable[il];
     }
-    // returning false here would stop the graph: errors are recorded and reported after the decode
-    if (is_attn && sp->capture_error.empty()) {
-        spec_prefill_read_layer(sp, t, atoi(t->name + sizeof(prefix) - 1));
+    if (!on_graph.empty() && sp->capture_error.empty()) {
+        const int32_t n_seq = (int32_t) sp->graph_streams.size();
+        sp->graph_out.resize((size_t) n_seq*sp->ctx_n_cells);
+        std::string error;
+        const auto status = common_spec_prefill_graph_step(sp->graph, sp->graph_streams.data(), n_seq, on_graph.data(),
+                on_graph_il.data(), (int32_t) on_graph.size(), sp->graph_out.data(), error);
+        if (status == COMMON_SPEC_PREFILL_GRAPH_OK) {
+            for (int32_t s = 0; s < n_seq; ++s) {
+                auto & st = sp->streams[s];
+                if (!st.done) {
+                    common_spec_prefill_scores_add_max(st.scores,
+                            sp->graph_out.data() + (size_t) s*sp->ctx_n_cells + sp->graph_streams[s].key0);
+                    st.n_added += (int32_t) on_graph.size();
+                }
+            }
+            for (int32_t il : on_graph_il) {
+                sp->layer_seen[il] = 1;
+            }
+            sp->n_reads_graph += (int32_t) on_graph.size();
+        } else {
+            LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
+            sp->graph_failed = true;
+            for (size_t i = 0; i < on_graph.size() && sp->capture_error.empty(); ++i) {
+                spec_prefill_read_layer_host(sp, on_graph[i], on_graph_il[i]);
+            }
+        }
     }
-    return true;
+    sp->step_weights.clear();
+    sp->step_layers.clear();
 }
 
 // append one token of one sequence to a batch made by llama_batch_init
@@ -406,27 +440,6 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     return plan;
 }
 
-// fold the step's layers that the scoring graph reduced into the streams' current rows
-static bool spec_prefill_fold_graph(common_spec_prefill * sp, std::string & error) {
-    if (!sp->graph) {
-        return true;
-    }
-    const int32_t n_seq = (int32_t) sp->graph_streams.size();
-    sp->graph_out.resize((size_t) n_seq*sp->ctx_n_cells);
-    const int32_t n_added = common_spec_prefill_graph_end_step(sp->graph, sp->graph_out.data());
-    if (n_added < 0) {
-        error = "the scoring graph failed";
-        return false;
-    }
-    for (int32_t s = 0; s < n_seq && n_added > 0; ++s) {
-        if (!sp->streams[s].done) {
-            common_spec_prefill_scores_add_max(sp->streams[s].scores,
-                    sp->graph_out.data() + (size_t) s*sp->ctx_n_cells + sp->graph_streams[s].key0);
-        }
-    }
-    return true;
-}
-
 // run both kinds of graph once (a prefill ubatch, and a query step that also outputs attention weights), so that
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
@@ -454,11 +467,17 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
         sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
     }
     std::fill(sp->layer_usable.begin(), sp->layer_usable.end(), 1);
-    std::string error;
     llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
     ok = ok && llama_decode(ctx, batch) == 0;
     llama_set_eval_callback(ctx, nullptr, nullptr);
-    ok = ok && sp->capture_error.empty() && spec_prefill_fold_graph(sp, error);
+    llama_synchronize(ctx);
+    if (ok) {
+        spec_prefill_read_step(sp);
+    }
+    const std::string error = sp->capture_error;
+    ok = ok && error.empty();
+    sp->step_weights.clear();
+    sp->step_layers.clear();
     sp->streams.clear();
     sp->capture_error.clear();
     llama_batch_free(batch);
@@ -613,19 +632,21 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
             sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
         }
-        if (sp->graph) {
-            common_spec_prefill_graph_begin_step(sp->graph, sp->graph_streams.data(), n_seq);
-        }
         // the callback only around the query steps: installed, it makes the scheduler wait after every split, which
         // would stall the prompt prefill's pipelining
         llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
         ok = flush();
         llama_set_eval_callback(ctx, nullptr, nullptr);
+        llama_synchronize(ctx);
+        if (ok) {
+            spec_prefill_read_step(sp);
+        }
+        sp->step_weights.clear();
+        sp->step_layers.clear();
         if (ok && !sp->capture_error.empty()) {
             error = sp->capture_error;
             ok = false;
         }
-        ok = ok && spec_prefill_fold_graph(sp, error);
         bool all_done = true;
         for (int32_t s = 0; s < n_seq && ok; ++s) {
             auto & st = sp->streams[s];

@@ -134,14 +134,14 @@ def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, win
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch):
-    """With the draft on a Vulkan device, its attention rows are reduced there and score like the CPU reference."""
+@pytest.mark.parametrize("arch,fa", [("llama", "off"), ("gemma3", "off"), ("llama", "on")])
+def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch, fa):
+    """With the draft on a Vulkan device, its attention rows are reduced there and score like the CPU reference: read
+    layer by layer during the decode on the plain path (-fa off), all at once after it beside flash attention."""
     if build.record.backend != "vulkan":
         pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
     log: list[str] = []
-    # -fa off: Debian 12's lavapipe crashes in the flash-attention path (see test_build.py)
-    on_gpu = run_tool(tool, tiny_models[arch], "-fa", "off", device=("-ngl", "99", "-nglpd", "99"),
+    on_gpu = run_tool(tool, tiny_models[arch], "-fa", fa, device=("-ngl", "99", "-nglpd", "99"),
                       env={"GGML_VK_VISIBLE_DEVICES": "0"}, log=log)
     on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
     assert "attention rows are reduced on Vulkan0" in log[0]
