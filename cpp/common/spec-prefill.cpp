@@ -260,6 +260,24 @@ static void spec_prefill_read_step(common_spec_prefill * sp) {
     sp->step_layers.clear();
 }
 
+// one query step's decode: the eval callback records the usable layers' attention weights, folded into the streams'
+// rows once the decode is done (or dropped if it failed). The callback is installed only around the query steps:
+// installed, it makes the scheduler wait after every split, which would stall the prompt prefill's pipelining
+static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_batch & batch) {
+    llama_context * ctx = sp->ctx.get();
+    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
+    const int32_t ret = llama_decode(ctx, batch);
+    llama_set_eval_callback(ctx, nullptr, nullptr);
+    llama_synchronize(ctx);
+    if (ret == 0) {
+        spec_prefill_read_step(sp);
+    } else {
+        sp->step_weights.clear();
+        sp->step_layers.clear();
+    }
+    return ret;
+}
+
 // append one token of one sequence to a batch made by llama_batch_init
 static void spec_prefill_batch_add(llama_batch & batch, llama_token tok, llama_pos pos, llama_seq_id seq, bool output) {
     const int32_t i = batch.n_tokens++;
@@ -467,17 +485,9 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
         sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
     }
     std::fill(sp->layer_usable.begin(), sp->layer_usable.end(), 1);
-    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
-    ok = ok && llama_decode(ctx, batch) == 0;
-    llama_set_eval_callback(ctx, nullptr, nullptr);
-    llama_synchronize(ctx);
-    if (ok) {
-        spec_prefill_read_step(sp);
-    }
+    ok = ok && spec_prefill_decode_query(sp, batch) == 0;
     const std::string error = sp->capture_error;
     ok = ok && error.empty();
-    sp->step_weights.clear();
-    sp->step_layers.clear();
     sp->streams.clear();
     sp->capture_error.clear();
     llama_batch_free(batch);
@@ -560,11 +570,11 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
-    auto flush = [&]() -> bool {
+    auto flush = [&](bool query = false) -> bool {
         if (batch.n_tokens == 0) {
             return true;
         }
-        const int32_t ret = llama_decode(ctx, batch);
+        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
         batch.n_tokens = 0;
         if (ret != 0) {
             error = string_format("draft decode failed (%d)", ret);
@@ -632,17 +642,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
             sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
         }
-        // the callback only around the query steps: installed, it makes the scheduler wait after every split, which
-        // would stall the prompt prefill's pipelining
-        llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
-        ok = flush();
-        llama_set_eval_callback(ctx, nullptr, nullptr);
-        llama_synchronize(ctx);
-        if (ok) {
-            spec_prefill_read_step(sp);
-        }
-        sp->step_weights.clear();
-        sp->step_layers.clear();
+        ok = flush(/*query =*/ true);
         if (ok && !sp->capture_error.empty()) {
             error = sp->capture_error;
             ok = false;
