@@ -229,6 +229,9 @@ const char * common_spec_prefill_select_params_check(const common_spec_prefill_s
     if (params.keep_first < 0 || params.keep_last < 0) {
         return "the always-kept token counts must be >= 0";
     }
+    if (params.max_keep < 0) {
+        return "the most kept tokens must be >= 0 (0: no cap)";
+    }
     return nullptr;
 }
 
@@ -279,9 +282,28 @@ std::vector<int32_t> common_spec_prefill_select(
         return chunk_mean(a) > chunk_mean(b);
     });
 
+    int32_t n_kept = 0;
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        n_kept += keep[i];
+    }
+    // with max_keep, a chunk that would take the count past it is passed over (a lower one may still fit)
+    auto fits = [&](int32_t c) {
+        if (params.max_keep <= 0) {
+            return true;
+        }
+        const int32_t i0 = c*chunk;
+        int32_t n_new = 0;
+        for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+            n_new += !keep[i];
+        }
+        return n_kept + n_new <= params.max_keep;
+    };
     auto take = [&](int32_t c) {
         const int32_t i0 = c*chunk;
-        std::fill(keep.begin() + i0, keep.begin() + std::min(n_tokens, i0 + chunk), 1);
+        for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+            n_kept += !keep[i];
+            keep[i] = 1;
+        }
     };
 
     if (params.mode == COMMON_SPEC_PREFILL_SELECT_MASS) {
@@ -296,6 +318,9 @@ std::vector<int32_t> common_spec_prefill_select(
             if (held >= target) {
                 break;
             }
+            if (!fits(c)) {
+                continue;
+            }
             const int32_t i0 = c*chunk;
             for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
                 held += keep[i] ? 0.0 : score_at(i);
@@ -307,8 +332,12 @@ std::vector<int32_t> common_spec_prefill_select(
         // so the epsilon grows with the product (0.3f * 100 = 30.0000012 must give 30, not 31)
         const double  x     = (double) params.keep * n_chunks;
         const int32_t n_top = std::max(1, (int32_t) std::ceil(x - std::max(1e-6, x * FLT_EPSILON)));
-        for (int32_t k = 0; k < std::min<int32_t>(n_top, (int32_t) candidates.size()); ++k) {
-            take(candidates[k]);
+        int32_t n_taken = 0;
+        for (size_t k = 0; k < candidates.size() && n_taken < n_top; ++k) {
+            if (fits(candidates[k])) {
+                take(candidates[k]);
+                n_taken++;
+            }
         }
     }
 

@@ -22,6 +22,8 @@ struct common_spec_prefill_select_params {
     int32_t chunk_size = 32;    // tokens per chunk; 0 or 1 selects single tokens
     int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
     int32_t keep_last  = 64;    // always kept: the last tokens, at least one chunk (template closers, the question)
+    int32_t max_keep   = 0;     // > 0: keep at most this many tokens (the always-kept ones even beyond it), taking
+                                // the highest-scoring chunks that still fit (for small-memory targets)
 };
 
 // "keep" or "mass"; nullptr for an unknown mode

@@ -3,6 +3,7 @@
 
 #include "log.h"
 #include "llama-cpp.h"
+#include "speculative.h"
 #include "../src/llama-ext.h"
 
 #include <algorithm>
@@ -27,6 +28,7 @@ const char * common_spec_prefill_status_name(enum common_spec_prefill_status sta
         case COMMON_SPEC_PREFILL_SHORT:    return "short";
         case COMMON_SPEC_PREFILL_KEPT_ALL: return "kept_all";
         case COMMON_SPEC_PREFILL_FAILED:   return "failed";
+        case COMMON_SPEC_PREFILL_CANCELLED: return "cancelled";
     }
     return "unknown";
 }
@@ -69,6 +71,9 @@ struct common_spec_prefill {
     int32_t n_ctx_max   = 0; // the most KV cells the draft context may have
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
+    bool    fixed_shape = false; // common_spec_prefill_prepare made it: plans fit it, it is never resized
+
+    const std::atomic<bool> * cancel = nullptr; // the running request's cancel flag (read by the abort callback)
 
     // query-step state (the eval callback is installed only for the query steps)
     std::vector<char> layer_usable;
@@ -79,7 +84,8 @@ struct common_spec_prefill {
     std::vector<float> buf;
     std::string capture_error;
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
-    bool graph_failed = false;                   // a backend could not run it: host scoring from then on
+    bool graph_failed = false;                   // the backend cannot run it: host scoring from then on
+    bool graph_off_prompt = false;               // its checks failed on this prompt: host scoring for the rest of it
     std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
     std::vector<float> graph_out;
     int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
@@ -92,7 +98,7 @@ struct common_spec_prefill {
 
 // the scoring graph for the buffer that holds t, or nullptr to score on the host
 static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * sp, const ggml_tensor * t) {
-    if (sp->scoring == SPEC_PREFILL_SCORING_HOST || sp->graph_failed || !t->buffer) {
+    if (sp->scoring == SPEC_PREFILL_SCORING_HOST || sp->graph_failed || sp->graph_off_prompt || !t->buffer) {
         return nullptr;
     }
     if (sp->scoring == SPEC_PREFILL_SCORING_AUTO && ggml_backend_buffer_is_host(t->buffer)) {
@@ -249,8 +255,11 @@ static void spec_prefill_read_step(common_spec_prefill * sp) {
             }
             sp->n_reads_graph += (int32_t) on_graph.size();
         } else {
-            LOG_WRN("%s: %s; scoring on the host\n", __func__, error.c_str());
-            sp->graph_failed = true;
+            // weights the graph rejects are checked again on the host: a fault of one prompt's graph costs that
+            // prompt speed, an unsupported backend every prompt's
+            const bool unsupported = status == COMMON_SPEC_PREFILL_GRAPH_UNSUPPORTED;
+            LOG_WRN("%s: %s; scoring on the host%s\n", __func__, error.c_str(), unsupported ? "" : " for this prompt");
+            (unsupported ? sp->graph_failed : sp->graph_off_prompt) = true;
             for (size_t i = 0; i < on_graph.size() && sp->capture_error.empty(); ++i) {
                 spec_prefill_read_layer_host(sp, on_graph[i], on_graph_il[i]);
             }
@@ -327,7 +336,9 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
-    common_params params_dft = params;
+    // loaded as upstream loads a speculative draft (threads, cache types, no embeddings), not with the target's
+    // tensor split, overrides or adapters
+    common_params params_dft = common_base_params_to_speculative(params);
     params_dft.model = !spp.mparams.path.empty() ? spp.mparams : params.speculative.draft.mparams;
     if (params_dft.model.path.empty()) {
         error = "speculative prefill needs a draft model: pass -mpd FILE (or --spec-draft-model)";
@@ -369,8 +380,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     auto * sp = new common_spec_prefill;
     sp->params          = spp;
     sp->scoring         = scoring;
-    sp->n_threads       = params.cpuparams.n_threads;
-    sp->n_threads_batch = params.cpuparams_batch.n_threads > 0 ? params.cpuparams_batch.n_threads : params.cpuparams.n_threads;
+    sp->n_threads       = params_dft.cpuparams.n_threads;
+    sp->n_threads_batch = params_dft.cpuparams_batch.n_threads > 0 ? params_dft.cpuparams_batch.n_threads : params_dft.cpuparams.n_threads;
     sp->n_batch         = std::max(1, params.n_batch);
     sp->n_ubatch        = std::max(1, std::min(params.n_ubatch, params.n_batch));
     sp->flash_attn_type = params.flash_attn_type;
@@ -420,32 +431,56 @@ struct spec_prefill_plan {
     int32_t n_cells = 0; // cells per sequence
 };
 
-static int32_t spec_prefill_n_question(const common_spec_prefill * sp) {
-    return std::max(SPEC_PREFILL_N_QUESTION_MIN, sp->params.select.keep_last);
+// the most windows scored side by side: a query step holds one token per window in one ubatch
+static int32_t spec_prefill_n_seq_max(const common_spec_prefill * sp) {
+    return std::max<int32_t>(1, std::min<int32_t>((int32_t) llama_max_parallel_sequences(), sp->n_ubatch));
 }
 
-static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, const llama_tokens & prompt) {
+// the windows of prompt[req.n_past, N): each window's sequence is the prompt's first tokens (a sink), for the first
+// window of a continuation as much of the context before n_past as fits, the window's own tokens, and for all but the
+// last window the prompt's end (the question). Planned to fit the prepared context when there is one.
+static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, const llama_tokens & prompt,
+        const common_spec_prefill_request & req) {
     const int32_t n_prompt   = (int32_t) prompt.size();
+    const int32_t n_past     = std::max(0, std::min(req.n_past, n_prompt - 1));
+    const int32_t n_new      = n_prompt - n_past;
     const int32_t n_look     = sp->params.lookahead;
-    const int32_t n_question = spec_prefill_n_question(sp);
+    const int32_t n_question = std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last);
+    const int32_t n_sink0    = n_past > 0 ? std::min(SPEC_PREFILL_N_SINK, n_past) : 0;
 
-    int32_t window = sp->params.window;
-    if (window <= 0 && n_prompt + n_look > sp->n_ctx_max) {
-        // the largest window whose sequence (sinks + window + question + lookahead) fits the draft context
-        window = std::max(256, sp->n_ctx_max - SPEC_PREFILL_N_SINK - n_question - n_look);
+    // cells one sequence may have
+    const int32_t budget = sp->fixed_shape ? sp->ctx_n_cells : sp->n_ctx_max;
+    // the largest window whose sequence (sink + window + question + lookahead) fits
+    const int32_t window_max = std::max(256, budget - SPEC_PREFILL_N_SINK - n_question - n_look);
+
+    int32_t window = req.window;
+    if (window <= 0 && n_sink0 + n_new + n_look > budget) {
+        window = window_max;
+    }
+    if (window > 0 && n_sink0 + n_new + n_look > budget) {
+        window = std::min(window, window_max);
     }
 
     spec_prefill_plan plan;
-    const auto spans = common_spec_prefill_plan_windows(n_prompt, window);
+    const auto spans = common_spec_prefill_plan_windows(n_new, window);
     for (size_t w = 0; w < spans.size(); ++w) {
         spec_prefill_window_seq seq;
-        seq.begin = spans[w].begin;
-        seq.end   = spans[w].end;
-        const int32_t n_sink = w == 0 ? 0 : std::min(SPEC_PREFILL_N_SINK, seq.begin);
+        seq.begin = n_past + spans[w].begin;
+        seq.end   = n_past + spans[w].end;
+        const bool last = w + 1 == spans.size();
+
+        const int32_t n_sink = seq.begin == 0 ? 0 : std::min(SPEC_PREFILL_N_SINK, seq.begin);
         seq.tokens.assign(prompt.begin(), prompt.begin() + n_sink);
-        seq.key0 = n_sink;
+        if (w == 0 && seq.begin > n_sink) {
+            // a continuation: the context just before the new tokens, as much as the sequence has room for
+            const int32_t n_tail = last ? 0 : std::max(0, n_prompt - std::max(seq.end, n_prompt - n_question));
+            const int32_t room   = budget - n_sink - (seq.end - seq.begin) - n_tail - n_look;
+            const int32_t c0     = std::max(n_sink, seq.begin - std::max(0, room));
+            seq.tokens.insert(seq.tokens.end(), prompt.begin() + c0, prompt.begin() + seq.begin);
+        }
+        seq.key0 = (int32_t) seq.tokens.size();
         seq.tokens.insert(seq.tokens.end(), prompt.begin() + seq.begin, prompt.begin() + seq.end);
-        if (w + 1 < spans.size()) {
+        if (!last) {
             // the question continues the window where they meet, so no token appears twice
             const int32_t q0 = std::max(seq.end, n_prompt - n_question);
             seq.tokens.insert(seq.tokens.end(), prompt.begin() + q0, prompt.end());
@@ -453,8 +488,8 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
         plan.n_cells = std::max(plan.n_cells, (int32_t) seq.tokens.size() + n_look);
         plan.windows.push_back(std::move(seq));
     }
-    const int32_t n_fit = std::max(1, sp->n_ctx_max / std::max(1, plan.n_cells));
-    plan.n_seq = std::min<int32_t>((int32_t) plan.windows.size(), n_fit);
+    const int32_t n_fit = sp->fixed_shape ? sp->ctx_n_seq : std::max(1, sp->n_ctx_max / std::max(1, plan.n_cells));
+    plan.n_seq = std::min({ (int32_t) plan.windows.size(), n_fit, spec_prefill_n_seq_max(sp) });
     return plan;
 }
 
@@ -497,12 +532,26 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
     }
 }
 
-// (re)create the draft context when the plan needs more sequences or cells than the current one has
+static bool spec_prefill_abort_cb(void * data) {
+    const auto * sp = (const common_spec_prefill *) data;
+    return sp->cancel && sp->cancel->load(std::memory_order_relaxed);
+}
+
+// (re)create the draft context when the plan needs more sequences or cells than the current one has; a prepared
+// context is never resized (plans are made to fit it)
 static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int32_t n_cells) {
-    // round up, so that slightly longer prompts reuse the context
-    n_cells = GGML_PAD(n_cells, 1024);
-    if (sp->ctx && sp->ctx_n_seq == n_seq && sp->ctx_n_cells >= n_cells) {
+    if (sp->ctx && sp->ctx_n_seq >= n_seq && sp->ctx_n_cells >= n_cells && (sp->fixed_shape || sp->ctx_n_seq == n_seq)) {
         return true;
+    }
+    if (sp->fixed_shape) {
+        LOG_ERR("%s: a plan of %d x %d cells does not fit the prepared draft context of %d x %d\n", __func__, n_seq,
+                n_cells, sp->ctx_n_seq, sp->ctx_n_cells);
+        return false;
+    }
+    // round up, so that slightly longer prompts reuse the context, but never past the cap on all cells
+    const int32_t n_cells_padded = GGML_PAD(n_cells, 256);
+    if ((int64_t) n_seq*n_cells_padded <= sp->n_ctx_max) {
+        n_cells = n_cells_padded;
     }
     sp->ctx.reset();
     common_spec_prefill_graph_free(sp->graph); // it is shaped for the context
@@ -527,6 +576,8 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;
     }
+    // cancellation: the CPU backend checks it between graph nodes, the driver between its decodes
+    llama_set_abort_callback(sp->ctx.get(), spec_prefill_abort_cb, sp);
 
     // the query steps decode one token per sequence: only they output attention weights (beside flash attention)
     llama_set_attn_weights_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
@@ -538,12 +589,40 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
 
 bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
     const llama_tokens dummy(std::max(1, n_prompt), 0);
-    const auto plan = spec_prefill_make_plan(sp, dummy);
+    const auto plan = spec_prefill_make_plan(sp, dummy, common_spec_prefill_default_request(sp));
+    sp->fixed_shape = false;
     if (!spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells)) {
         LOG_ERR("%s: cannot create a draft context of %d x %d cells\n", __func__, plan.n_seq, plan.n_cells);
         return false;
     }
+    sp->fixed_shape = true;
     return true;
+}
+
+size_t common_spec_prefill_model_size(const common_spec_prefill * sp) {
+    return llama_model_size(sp->model.get());
+}
+
+size_t common_spec_prefill_ctx_size(const common_spec_prefill * sp) {
+    size_t size = 0;
+    if (sp->ctx) {
+        for (const auto & [buft, mb] : llama_get_memory_breakdown(sp->ctx.get())) {
+            size += mb.context + mb.compute;
+        }
+    }
+    return size;
+}
+
+const llama_model * common_spec_prefill_model(const common_spec_prefill * sp) {
+    return sp->model.get();
+}
+
+common_spec_prefill_request common_spec_prefill_default_request(const common_spec_prefill * sp) {
+    common_spec_prefill_request req;
+    req.select     = sp->params.select;
+    req.min_tokens = sp->params.min_tokens;
+    req.window     = sp->params.window;
+    return req;
 }
 
 //
@@ -573,6 +652,11 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     auto flush = [&](bool query = false) -> bool {
         if (batch.n_tokens == 0) {
             return true;
+        }
+        if (sp->cancel && sp->cancel->load()) {
+            batch.n_tokens = 0;
+            error = "cancelled";
+            return false;
         }
         const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
         batch.n_tokens = 0;
@@ -689,26 +773,33 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     return ok;
 }
 
-common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, const llama_tokens & prompt) {
+common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, const llama_tokens & prompt,
+        const common_spec_prefill_request & req) {
     const int64_t t_start = ggml_time_us();
 
     common_spec_prefill_result res;
     res.n_prompt = (int32_t) prompt.size();
+    res.n_past   = std::max(0, std::min(req.n_past, res.n_prompt - 1));
     auto full = [&](enum common_spec_prefill_status status, const std::string & reason) {
         res.status = status;
         res.reason = reason;
-        res.kept.resize(res.n_prompt);
-        std::iota(res.kept.begin(), res.kept.end(), 0);
+        res.kept.resize(status == COMMON_SPEC_PREFILL_CANCELLED ? 0 : res.n_prompt - res.n_past);
+        std::iota(res.kept.begin(), res.kept.end(), res.n_past);
         res.t_score_ms = (ggml_time_us() - t_start) / 1000.0;
         return res;
     };
 
-    if (res.n_prompt < std::max(1, sp->params.min_tokens)) {
-        return full(COMMON_SPEC_PREFILL_SHORT, string_format("%d prompt tokens, below --spec-prefill-min-tokens %d",
-                res.n_prompt, sp->params.min_tokens));
+    if (const char * problem = common_spec_prefill_select_params_check(req.select)) {
+        return full(COMMON_SPEC_PREFILL_FAILED, problem);
+    }
+    const int32_t n_new = res.n_prompt - res.n_past;
+    if (n_new < std::max(1, req.min_tokens)) {
+        return full(COMMON_SPEC_PREFILL_SHORT, string_format("%d new prompt tokens, below the minimum of %d "
+                "(--spec-prefill-min-tokens)", n_new,
+                req.min_tokens));
     }
 
-    auto plan = spec_prefill_make_plan(sp, prompt);
+    auto plan = spec_prefill_make_plan(sp, prompt, req);
     res.n_windows  = (int32_t) plan.windows.size();
     res.n_parallel = plan.n_seq;
 
@@ -721,8 +812,10 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();
-    sp->n_reads_graph = 0;
-    sp->n_reads_host  = 0;
+    sp->n_reads_graph    = 0;
+    sp->n_reads_host     = 0;
+    sp->graph_off_prompt = false;
+    sp->cancel           = req.cancel;
     std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
 
     std::string error;
@@ -733,10 +826,16 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         }
         if (!spec_prefill_score_round(sp, round, res, error)) {
             res.scores.clear();
+            const bool cancelled = req.cancel && req.cancel->load();
+            sp->cancel = nullptr;
+            if (cancelled) {
+                return full(COMMON_SPEC_PREFILL_CANCELLED, "cancelled");
+            }
             LOG_WRN("%s: scoring failed, prefilling in full: %s\n", __func__, error.c_str());
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
         }
     }
+    sp->cancel = nullptr;
     res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
     if (sp->n_reads_graph > 0) {
         res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));
@@ -745,9 +844,17 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         res.reduced_on += res.reduced_on.empty() ? "host" : "+host";
     }
 
-    auto kept = common_spec_prefill_select(res.scores.data(), res.n_prompt, sp->params.select);
-    if ((int32_t) kept.size() >= res.n_prompt) {
+    // select among the new tokens only; the always-kept head is part of a reused prefix, if there is one
+    auto select = req.select;
+    if (res.n_past > 0) {
+        select.keep_first = 0;
+    }
+    auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select);
+    if ((int32_t) kept.size() >= n_new) {
         return full(COMMON_SPEC_PREFILL_KEPT_ALL, "the selection kept every token");
+    }
+    for (auto & pos : kept) {
+        pos += res.n_past;
     }
     res.status     = COMMON_SPEC_PREFILL_SPARSE;
     res.kept       = std::move(kept);

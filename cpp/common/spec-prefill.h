@@ -4,17 +4,20 @@
 // that the prompt's last token and a few greedy lookahead tokens pay to each prompt token, and the target prefills
 // only the important chunks, at their original positions. Lossy by design.
 //
-//   sp = common_spec_prefill_init(params, model_tgt, err);
-//   res = common_spec_prefill_run(sp, prompt);            // res.kept: positions to prefill, res.status: what it did
+//   sp  = common_spec_prefill_init(params, model_tgt, err);
+//   req = common_spec_prefill_default_request(sp);   // per-request settings, a cancel flag, a reused prefix
+//   res = common_spec_prefill_run(sp, prompt, req);  // res.kept: positions to prefill, res.status: what it did
 //   llama_set_allow_pos_gaps(ctx_tgt, true);
 //   common_spec_prefill_decode(ctx_tgt, seq, prompt, res.kept, n_batch);   // then generate from position N
 //
 // The draft runs in its own context (one sequence per scored window, cleared before each use, so KV cell j holds
 // position j). Flash attention stays on; the 1-token query steps also output their attention weights, as a side
-// branch (llama_set_attn_weights_max_tokens).
+// branch (llama_set_attn_weights_max_tokens). One object is used by one thread at a time; the server gives it a
+// worker thread of its own (tools/server/server-specprefill.cpp).
 
 #include "common.h"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -23,9 +26,10 @@ enum common_spec_prefill_status {
     COMMON_SPEC_PREFILL_SHORT,    // shorter than min_tokens: full prefill
     COMMON_SPEC_PREFILL_KEPT_ALL, // the selection kept every token: full prefill
     COMMON_SPEC_PREFILL_FAILED,   // scoring failed: full prefill, `reason` says why
+    COMMON_SPEC_PREFILL_CANCELLED, // the request's cancel flag stopped the scoring: nothing to prefill
 };
 
-// "sparse", "short", "kept_all" or "failed"
+// "sparse", "short", "kept_all", "failed" or "cancelled"
 const char * common_spec_prefill_status_name(enum common_spec_prefill_status status);
 
 struct common_spec_prefill_result {
@@ -34,8 +38,9 @@ struct common_spec_prefill_result {
     std::string reason; // why the prompt was prefilled in full (empty when sparse)
 
     int32_t n_prompt = 0;
-    std::vector<int32_t> kept;   // sorted positions for the target to prefill: all of them unless sparse
-    std::vector<float>   scores; // per prompt token; empty when the prompt was not scored
+    int32_t n_past   = 0; // positions below this were already prefilled (the request's reused prefix)
+    std::vector<int32_t> kept;   // sorted positions in [n_past, n_prompt) to prefill: all of them unless sparse
+    std::vector<float>   scores; // per prompt token (0 below n_past); empty when the prompt was not scored
 
     int32_t n_windows  = 0; // scored windows
     int32_t n_parallel = 0; // windows scored side by side as sequences of one batch
@@ -53,6 +58,19 @@ struct common_spec_prefill_result {
 
 struct common_spec_prefill;
 
+// what one request asks for (defaults: the parameters the scorer was made with)
+struct common_spec_prefill_request {
+    common_spec_prefill_select_params select;
+    int32_t min_tokens = 0; // fewer new tokens than this are prefilled in full
+    int32_t window     = 0; // score in windows of this many tokens (0: only when the draft context is too small)
+
+    // prompt[0, n_past) is already in the target's KV: only [n_past, N) is scored and selected. The draft still sees
+    // the prompt's first tokens and as much of the context before n_past as its context holds
+    int32_t n_past = 0;
+
+    // set from another thread: the scoring stops before its next ubatch (CPU: within one) and the result is CANCELLED
+    const std::atomic<bool> * cancel = nullptr;
+};
 // Load the draft (params.spec_prefill.mparams, else the speculative draft model) and check that its vocabulary is
 // the target's. On failure: nullptr, and `error` says why.
 struct common_spec_prefill * common_spec_prefill_init(const common_params & params, const struct llama_model * model_tgt,
@@ -60,12 +78,23 @@ struct common_spec_prefill * common_spec_prefill_init(const common_params & para
 
 void common_spec_prefill_free(struct common_spec_prefill * sp);
 
-// Create the draft context a prompt of n_prompt tokens needs, ahead of time (common_spec_prefill_run does it when
-// needed). Returns false and logs if it cannot be created.
+// Create, ahead of time, the draft context for prompts of up to n_prompt tokens, and keep its shape: later prompts are
+// planned to fit it (windows, sequences side by side) instead of growing it, so its memory stays what it is now. Without
+// this call common_spec_prefill_run sizes the context for each prompt. Returns false and logs if it cannot be created.
 bool common_spec_prefill_prepare(struct common_spec_prefill * sp, int32_t n_prompt);
 
+// the draft's memory, for startup logs, in bytes: its weights, and its context's KV cache and compute buffers
+size_t common_spec_prefill_model_size(const struct common_spec_prefill * sp);
+size_t common_spec_prefill_ctx_size(const struct common_spec_prefill * sp);
+
+// the draft (for its name, devices, vocabulary)
+const struct llama_model * common_spec_prefill_model(const struct common_spec_prefill * sp);
+
+struct common_spec_prefill_request common_spec_prefill_default_request(const struct common_spec_prefill * sp);
+
 // Score the prompt and select the tokens to prefill. Never fails: a problem gives a full-prefill result that says why.
-struct common_spec_prefill_result common_spec_prefill_run(struct common_spec_prefill * sp, const llama_tokens & prompt);
+struct common_spec_prefill_result common_spec_prefill_run(struct common_spec_prefill * sp, const llama_tokens & prompt,
+        const struct common_spec_prefill_request & req);
 
 // Decode prompt[kept[i]] at position kept[i] into sequence `seq` of `ctx`, n_batch tokens per call; the last kept
 // token outputs logits (batch index: its index in the last call). Gaps need llama_set_allow_pos_gaps(ctx, true).

@@ -199,6 +199,142 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
     return rows
 
 
+class _Server:
+    """A llama-server for the benchmark: started, waited for, stopped; its log in out_dir."""
+
+    def __init__(self, binary: Path, args: list[str], log: Path, port: int) -> None:
+        import requests
+
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = log.open("w")
+        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{binary} exited with {self.proc.returncode}, see {log}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"{binary} not ready after 600 s, see {log}")
+
+    def ttft(self, prompt: str, fields: dict) -> tuple[float, dict]:
+        """Client-side time to the first streamed token, and the final chunk's timings."""
+        import requests
+
+        body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "stream": True, "cache_prompt": False, **fields}
+        started = time.monotonic()
+        first = None
+        timings: dict = {}
+        with requests.post(f"{self.url}/completion", json=body, stream=True, timeout=1800) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None and chunk.get("content"):
+                    first = time.monotonic()
+                timings = chunk.get("timings", timings)
+        return ((first or time.monotonic()) - started) * 1e3, timings
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, p: float, out_dir: Path,
+               server_args: list[str], draft_args: list[str], unpatched_bin: Path | None = None,
+               repeat: int = 2) -> list[dict]:
+    """TTFT through llama-server's HTTP API with spec prefill on and off (per request), against llama-specprefill
+    --baseline on the same prompt, and optionally an unpatched llama-server; full-prompt scoring when N fits the draft
+    context, windows of `window` tokens above 64K."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    port = 18080
+    for n in sizes:
+        prompt = make_prompt(n)
+        prompt_file = out_dir / f"prompt-{n}.txt"
+        prompt_file.write_text(prompt)
+        windowed = n > 65536
+        spec_args = ["-mpd", str(draft), *draft_args, "--spec-prefill-p", str(p), "--spec-prefill-ctx", str(n + 16384)]
+        if windowed:
+            spec_args += ["--spec-prefill-window", str(window)]
+        common = ["-m", str(target), "-c", str(n + 512), "-np", "1", *server_args]
+        warm = make_prompt(2048, seed=7)
+
+        def best(server: _Server, fields: dict) -> tuple[float, dict]:
+            server.ttft(warm, fields)
+            runs = [server.ttft(prompt, fields) for _ in range(repeat)]
+            return min(runs, key=lambda r: r[0])
+
+        server = _Server(bin_dir / "llama-server", common + spec_args, out_dir / f"server-{n}.log", port)
+        try:
+            on_ms, on_timings = best(server, {})
+            off_ms, off_timings = best(server, {"spec_prefill": {"enabled": False}})
+        finally:
+            server.stop()
+        port += 1
+        unpatched_ms = float("nan")
+        if unpatched_bin:
+            plain = _Server(unpatched_bin / "llama-server", common, out_dir / f"server-unpatched-{n}.log", port)
+            try:
+                unpatched_ms, _ = best(plain, {})
+            finally:
+                plain.stop()
+            port += 1
+        report = out_dir / f"tool-{n}.json"
+        tool_argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-f", str(prompt_file), "-c", str(n + 512),
+                     "-n", "4", "--temp", "0", "--baseline", "--repeat", str(repeat), "--json", str(report),
+                     *server_args, *spec_args]
+        proc = subprocess.run(tool_argv, capture_output=True, text=True, errors="replace")
+        (out_dir / f"tool-{n}.log").write_text(proc.stdout + proc.stderr)
+        tool = json.loads(report.read_text()) if proc.returncode == 0 else None
+        sp = on_timings.get("spec_prefill", {})
+        row = {
+            "n_prompt": sp.get("n_prompt", n), "config": f"p={p} " + (f"window {window // 1024}K" if windowed else "full"),
+            "status": sp.get("status"), "kept": sp.get("n_kept"),
+            "server_ttft_ms": on_ms, "server_prompt_ms": on_timings.get("prompt_ms"),
+            "server_score_ms": sp.get("score_ms"), "server_sparse_prefill_ms": sp.get("sparse_prefill_ms"),
+            "server_off_ttft_ms": off_ms, "server_off_prompt_ms": off_timings.get("prompt_ms"),
+            "unpatched_ttft_ms": unpatched_ms,
+            "tool_ttft_ms": tool["run"]["ttft_ms"] if tool else float("nan"),
+            "tool_baseline_ttft_ms": tool["baseline"]["ttft_ms"] if tool else float("nan"),
+            "commands": {"server": common + spec_args, "tool": tool_argv[1:]},
+        }
+        row["server_over_tool"] = row["server_ttft_ms"] / row["tool_ttft_ms"]
+        row["speedup"] = row["server_off_ttft_ms"] / row["server_ttft_ms"]
+        rows.append(row)
+        print(f"[{n}] server TTFT {on_ms:.0f} ms ({row['status']}, kept {row['kept']}), tool {row['tool_ttft_ms']:.0f} "
+              f"ms ({row['server_over_tool']:.3f}x); spec prefill off {off_ms:.0f} ms, unpatched {unpatched_ms:.0f} ms,"
+              f" tool baseline {row['tool_baseline_ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
+        (out_dir / "server-results.json").write_text(json.dumps(rows, indent=1))
+    table = server_markdown(rows)
+    (out_dir / "server-results.md").write_text(table)
+    print(table)
+    return rows
+
+
+def server_markdown(rows: list[dict]) -> str:
+    lines = ["| prompt tokens | config | kept | server TTFT ms (scoring + sparse prefill) | tool TTFT ms | server / tool | "
+             "server, spec prefill off | unpatched server | tool baseline | speedup (server) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['server_ttft_ms']:,.0f} "
+                     f"({r['server_score_ms']:,.0f} + {r['server_sparse_prefill_ms']:,.0f}) | {r['tool_ttft_ms']:,.0f} | "
+                     f"{r['server_over_tool']:.3f}x | {r['server_off_ttft_ms']:,.0f} | {r['unpatched_ttft_ms']:,.0f} | "
+                     f"{r['tool_baseline_ttft_ms']:,.0f} | **{r['speedup']:.2f}x** |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| prompt tokens | config | kept | windows (side by side) | scoring ms (draft prefill + query steps) | "
              "scoring / draft prefill | sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
@@ -234,7 +370,24 @@ def main(argv: list[str] | None = None) -> int:
                          "(LLAMA_SPEC_PREFILL_SCORING); each adds its configs")
     rn.add_argument("--tool-args", default="-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on",
                     help="llama-specprefill arguments shared by every run")
+    sv = sub.add_parser("server", help="TTFT through llama-server over HTTP, spec prefill on and off, against the tool")
+    sv.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
+    sv.add_argument("--unpatched-bin", type=Path, help="bin/ of a build of the pin without the series")
+    sv.add_argument("--target", type=Path, required=True)
+    sv.add_argument("--draft", type=Path, required=True)
+    sv.add_argument("--sizes", default="32768,131072")
+    sv.add_argument("--window", type=int, default=8192)
+    sv.add_argument("--p", type=float, default=0.1)
+    sv.add_argument("--repeat", type=int, default=2, help="measured runs per setting (the fastest is reported)")
+    sv.add_argument("--out", type=Path, default=Path("bench-out"))
+    sv.add_argument("--server-args", default="-b 4096 -ub 1024 -ngl 99 -fa on",
+                    help="arguments shared by the servers (the unpatched one too) and the tool")
+    sv.add_argument("--draft-args", default="-nglpd 99", help="prefill-draft arguments of the patched server and the tool")
     args = parser.parse_args(argv)
+    if args.command == "server":
+        run_server(args.bin, args.target, args.draft, [int(s) for s in args.sizes.split(",")], args.window, args.p,
+                   args.out, args.server_args.split(), args.draft_args.split(), args.unpatched_bin, args.repeat)
+        return 0
     if args.command == "make-model":
         started = time.monotonic()
         make_model(args.tree, args.shape, args.out, args.ctx)

@@ -49,6 +49,21 @@ def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def bpe_models(workspace: Workspace) -> dict[str, Path]:
+    """A tiny llama-architecture target and a draft with other random weights, both with the real llama-bpe
+    vocabulary (one token per common English word) and a 32K training context, so prompts of thousands of tokens fit."""
+    out = workspace.models_dir / "bpe"
+    out.mkdir(parents=True, exist_ok=True)
+    models = {}
+    for role, seed in (("target", 0), ("draft", 1)):
+        path = out / f"tiny-{role}.gguf"
+        if not path.exists():
+            bench.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
+        models[role] = path
+    return models
+
+
+@pytest.fixture(scope="session")
 def sharp_model(workspace: Workspace) -> Path:
     """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.bench sharp_attention), so
     lookahead rows give the prompt exactly zero weight in some heads."""

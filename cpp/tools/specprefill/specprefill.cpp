@@ -83,7 +83,7 @@ static bool run_prompt(llama_context * ctx, common_params & params, const llama_
 
     const int64_t t_start = ggml_time_us();
     if (sp) {
-        out.sp = common_spec_prefill_run(sp, prompt);
+        out.sp = common_spec_prefill_run(sp, prompt, common_spec_prefill_default_request(sp));
         out.t_score_ms = out.sp.t_score_ms;
         out.t_setup_ms = out.sp.t_setup_ms;
     } else {

@@ -1,0 +1,609 @@
+#include "server-specprefill.h"
+
+#include "log.h"
+#include "../../src/llama-ext.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#define SPP_INF(fmt, ...) LOG_INF("srv  spec-prefill: " fmt, __VA_ARGS__)
+#define SPP_WRN(fmt, ...) LOG_WRN("srv  spec-prefill: " fmt, __VA_ARGS__)
+
+const char * server_spec_prefill_status_name(enum server_spec_prefill_status status) {
+    switch (status) {
+        case SERVER_SPEC_PREFILL_NONE:                 return "none";
+        case SERVER_SPEC_PREFILL_DISABLED:             return "disabled";
+        case SERVER_SPEC_PREFILL_ACTIVE:               return "active";
+        case SERVER_SPEC_PREFILL_KEPT_ALL:             return "kept_all";
+        case SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS:   return "skipped_min_tokens";
+        case SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN:   return "skipped_break_even";
+        case SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD:   return "skipped_tool_guard";
+        case SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE: return "skipped_incompatible";
+        case SERVER_SPEC_PREFILL_ERROR_FALLBACK:       return "error_fallback";
+        case SERVER_SPEC_PREFILL_REUSED:               return "reused";
+        case SERVER_SPEC_PREFILL_STATUS_COUNT:         break;
+    }
+    return "unknown";
+}
+
+//
+// per-request parameters
+//
+
+json server_spec_prefill_params::to_json() const {
+    return json {
+        {"enabled",    enabled},
+        {"p",          select.keep},
+        {"select",     common_spec_prefill_select_mode_name(select.mode)},
+        {"mass",       select.mass},
+        {"min_tokens", min_tokens},
+        {"window",     window},
+        {"max_keep",   select.max_keep},
+    };
+}
+
+[[noreturn]] static void spec_prefill_bad_field(const std::string & field, const std::string & what) {
+    throw std::invalid_argument("Field '" + field + "': " + what);
+}
+
+static bool spec_prefill_has(const json & obj, const char * key) {
+    return obj.contains(key) && !obj.at(key).is_null();
+}
+
+static bool spec_prefill_get_bool(const json & obj, const char * key, const std::string & field) {
+    const json & v = obj.at(key);
+    if (!v.is_boolean()) {
+        spec_prefill_bad_field(field, "must be true or false, got " + v.dump());
+    }
+    return v.get<bool>();
+}
+
+static double spec_prefill_get_number(const json & obj, const char * key, const std::string & field) {
+    const json & v = obj.at(key);
+    if (!v.is_number()) {
+        spec_prefill_bad_field(field, "must be a number, got " + v.dump());
+    }
+    return v.get<double>();
+}
+
+static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field, int32_t lo) {
+    const json & v = obj.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > INT32_MAX) {
+        spec_prefill_bad_field(field, "must be an integer >= " + std::to_string(lo) + ", got " + v.dump());
+    }
+    return (int32_t) v.get<int64_t>();
+}
+
+static float spec_prefill_get_fraction(const json & obj, const char * key, const std::string & field) {
+    const double x = spec_prefill_get_number(obj, key, field);
+    if (!(x > 0.0 && x <= 1.0)) {
+        spec_prefill_bad_field(field, "must be in (0, 1], got " + obj.at(key).dump());
+    }
+    return (float) x;
+}
+
+server_spec_prefill_params server_spec_prefill_params_from_json(const common_params & params_base, const json & data) {
+    const auto & spp = params_base.spec_prefill;
+
+    server_spec_prefill_params params;
+    params.enabled    = spp.enabled;
+    params.select     = spp.select;
+    params.min_tokens = spp.min_tokens;
+    params.window     = spp.window;
+
+    // vllm-mlx's flat fields first, so that the object wins when a client sends both
+    if (spec_prefill_has(data, "specprefill")) {
+        params.enabled = spec_prefill_get_bool(data, "specprefill", "specprefill");
+    }
+    if (spec_prefill_has(data, "specprefill_keep_pct")) {
+        params.select.keep = spec_prefill_get_fraction(data, "specprefill_keep_pct", "specprefill_keep_pct");
+        params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
+    }
+
+    if (spec_prefill_has(data, "spec_prefill")) {
+        const json & obj = data.at("spec_prefill");
+        if (obj.is_boolean()) {
+            params.enabled = obj.get<bool>();
+        } else if (!obj.is_object()) {
+            spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
+        } else {
+            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep" };
+            for (const auto & item : obj.items()) {
+                if (std::find_if(std::begin(known), std::end(known),
+                        [&](const char * k) { return item.key() == k; }) == std::end(known)) {
+                    spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
+                            "mass, min_tokens, window, max_keep)");
+                }
+            }
+            if (spec_prefill_has(obj, "enabled")) {
+                params.enabled = spec_prefill_get_bool(obj, "enabled", "spec_prefill.enabled");
+            }
+            if (spec_prefill_has(obj, "p")) {
+                params.select.keep = spec_prefill_get_fraction(obj, "p", "spec_prefill.p");
+            }
+            if (spec_prefill_has(obj, "select")) {
+                const json & v = obj.at("select");
+                const std::string mode = v.is_string() ? v.get<std::string>() : "";
+                if (mode == "keep") {
+                    params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
+                } else if (mode == "mass") {
+                    params.select.mode = COMMON_SPEC_PREFILL_SELECT_MASS;
+                } else {
+                    spec_prefill_bad_field("spec_prefill.select", "must be \"keep\" or \"mass\", got " + v.dump());
+                }
+            }
+            if (spec_prefill_has(obj, "mass")) {
+                params.select.mass = spec_prefill_get_fraction(obj, "mass", "spec_prefill.mass");
+            }
+            if (spec_prefill_has(obj, "min_tokens")) {
+                params.min_tokens = spec_prefill_get_int(obj, "min_tokens", "spec_prefill.min_tokens", 0);
+            }
+            if (spec_prefill_has(obj, "window")) {
+                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", 0);
+                if (params.window != 0 && params.window < 256) {
+                    spec_prefill_bad_field("spec_prefill.window", "must be 0 (automatic) or >= 256, got " +
+                            obj.at("window").dump());
+                }
+            }
+            if (spec_prefill_has(obj, "max_keep")) {
+                params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
+            }
+        }
+    }
+
+    // tools: the chat endpoint leaves them in the request, and renders a lazy tool-call grammar
+    const bool has_tools = data.contains("tools") && data.at("tools").is_array() && !data.at("tools").empty();
+    const bool tool_grammar = (data.contains("grammar_type") && data.at("grammar_type") == "tool_calls") ||
+            (data.contains("grammar_lazy") && data.at("grammar_lazy").is_boolean() && data.at("grammar_lazy").get<bool>());
+    params.has_tools = has_tools || tool_grammar;
+
+    return params;
+}
+
+//
+// timings and metrics
+//
+
+json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
+    const bool scored = status == SERVER_SPEC_PREFILL_ACTIVE;
+    json j = {
+        {"status",            server_spec_prefill_status_name(status)},
+        {"n_prompt",          n_prompt},
+        {"n_kept",            n_kept},
+        {"n_reused",          n_reused},
+        {"score_ms",          score_ms},
+        {"queue_ms",          queue_ms},
+        {"sparse_prefill_ms", scored ? std::max(0.0, t_prompt_ms - queue_ms - score_ms) : 0.0},
+        {"n_windows",         n_windows},
+    };
+    if (!reason.empty()) {
+        j["reason"] = reason;
+    }
+    return j;
+}
+
+void server_spec_prefill_metrics::add(const server_spec_prefill_timings & t, int32_t n_scored, int32_t n_skipped) {
+    n_requests[t.status]++;
+    n_tokens_scored  += n_scored;
+    n_tokens_skipped += n_skipped;
+    t_score_ms       += t.score_ms;
+}
+
+std::string server_spec_prefill_metrics::to_prometheus() const {
+    if (!enabled) {
+        return "";
+    }
+    std::stringstream out;
+    out << "# HELP llamacpp:spec_prefill_requests_total Requests by speculative prefill status\n"
+        << "# TYPE llamacpp:spec_prefill_requests_total counter\n";
+    for (int s = SERVER_SPEC_PREFILL_DISABLED; s < SERVER_SPEC_PREFILL_STATUS_COUNT; ++s) {
+        out << "llamacpp:spec_prefill_requests_total{status=\"" << server_spec_prefill_status_name((server_spec_prefill_status) s)
+            << "\"} " << n_requests[s] << "\n";
+    }
+    auto counter = [&](const char * name, const char * help, double value) {
+        out << "# HELP llamacpp:" << name << " " << help << "\n"
+            << "# TYPE llamacpp:" << name << " counter\n"
+            << "llamacpp:" << name << " " << value << "\n";
+    };
+    counter("spec_prefill_tokens_scored_total", "Prompt tokens the prefill draft scored", (double) n_tokens_scored);
+    counter("spec_prefill_tokens_skipped_total", "Scored prompt tokens the target did not prefill", (double) n_tokens_skipped);
+    counter("spec_prefill_score_seconds_total", "Time spent scoring prompts with the prefill draft", t_score_ms / 1e3);
+    return out.str();
+}
+
+//
+// the scorer: the draft and a worker thread that owns its context
+//
+
+struct server_spec_prefill_job {
+    llama_tokens prompt;
+    common_spec_prefill_request req;
+
+    std::atomic<bool> cancel { false };
+    std::atomic<bool> done   { false }; // `result` and the times are written before, read after
+
+    common_spec_prefill_result result;
+    int64_t t_submit_us = 0;
+    int64_t t_start_us  = 0;
+    int64_t t_end_us    = 0;
+};
+
+struct server_spec_prefill {
+    common_params_spec_prefill params;
+    common_spec_prefill * core = nullptr;
+
+    std::function<void()> wake;
+
+    std::thread worker;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<server_spec_prefill_job>> queue;
+    bool stop = false;
+
+    // throughputs the server measured itself, in tokens per ms (0: not yet known); loop thread only
+    double r_target = 0.0; // the target's prefill
+    double r_score  = 0.0; // scoring, per new prompt token
+};
+
+static void spec_prefill_worker_loop(server_spec_prefill * sp) {
+    while (true) {
+        std::shared_ptr<server_spec_prefill_job> job;
+        {
+            std::unique_lock<std::mutex> lock(sp->mutex);
+            sp->cv.wait(lock, [&] { return sp->stop || !sp->queue.empty(); });
+            if (sp->stop) {
+                return;
+            }
+            job = std::move(sp->queue.front());
+            sp->queue.pop_front();
+        }
+        job->t_start_us = ggml_time_us();
+        if (job->cancel.load()) {
+            job->result.status = COMMON_SPEC_PREFILL_CANCELLED;
+        } else {
+            job->result = common_spec_prefill_run(sp->core, job->prompt, job->req);
+        }
+        job->t_end_us = ggml_time_us();
+        job->done.store(true, std::memory_order_release);
+        sp->wake();
+    }
+}
+
+static std::string spec_prefill_devices_str(const std::vector<ggml_backend_dev_t> & devices) {
+    std::string out;
+    for (auto * dev : devices) {
+        if (dev) {
+            out += (out.empty() ? "" : ",") + std::string(ggml_backend_dev_name(dev));
+        }
+    }
+    return out.empty() ? "default" : out;
+}
+
+server_spec_prefill * server_spec_prefill_init(const common_params & params, llama_context * ctx_tgt,
+        int32_t n_ctx_slot, std::function<void()> wake, std::string & error) {
+    const auto & types = params.speculative.types;
+    const bool spec_decoding = std::any_of(types.begin(), types.end(),
+            [](common_speculative_type t) { return t != COMMON_SPECULATIVE_TYPE_NONE; });
+    if (spec_decoding) {
+        error = "--spec-prefill does not work together with speculative decoding (--spec-type) in llama-server yet: "
+                "a draft that mirrors the target's batch would see the gapped prompt; drop one of the two";
+        return nullptr;
+    }
+    auto * sp = new server_spec_prefill;
+    sp->params = params.spec_prefill;
+    sp->wake   = std::move(wake);
+
+    sp->core = common_spec_prefill_init(params, llama_get_model(ctx_tgt), error);
+    if (!sp->core) {
+        delete sp;
+        return nullptr;
+    }
+    // one context for every request, sized now for the largest prompt a slot can hold: its memory is the budget
+    if (!common_spec_prefill_prepare(sp->core, n_ctx_slot)) {
+        error = "speculative prefill: cannot create the prefill draft's context; lower --spec-prefill-ctx or use "
+                "--spec-prefill-window";
+        server_spec_prefill_free(sp);
+        return nullptr;
+    }
+    llama_set_allow_pos_gaps(ctx_tgt, true);
+
+    char desc[256];
+    llama_model_desc(common_spec_prefill_model(sp->core), desc, sizeof(desc));
+    SPP_INF("prefill draft '%s' (%s) on %s: %.1f MiB weights, %.1f MiB context; p = %.2f, select = %s, min tokens = %d, "
+            "reuse = %s\n", sp->params.mparams.path.empty() ? params.speculative.draft.mparams.path.c_str() :
+            sp->params.mparams.path.c_str(), desc, spec_prefill_devices_str(sp->params.devices).c_str(),
+            common_spec_prefill_model_size(sp->core) / 1048576.0, common_spec_prefill_ctx_size(sp->core) / 1048576.0,
+            sp->params.select.keep, common_spec_prefill_select_mode_name(sp->params.select.mode), sp->params.min_tokens,
+            sp->params.reuse_exact ? "exact" : "sparse");
+    if (params.fit_params) {
+        SPP_WRN("%s", "--fit does not account for the prefill draft's memory above; leave room for it "
+                "(-nglpd, --spec-prefill-ctx, or --fit-target)\n");
+    }
+
+    sp->worker = std::thread(spec_prefill_worker_loop, sp);
+    return sp;
+}
+
+void server_spec_prefill_free(server_spec_prefill * sp) {
+    if (!sp) {
+        return;
+    }
+    if (sp->worker.joinable()) {
+        {
+            std::unique_lock<std::mutex> lock(sp->mutex);
+            sp->stop = true;
+            for (auto & job : sp->queue) {
+                job->cancel = true;
+            }
+        }
+        sp->cv.notify_all();
+        sp->worker.join();
+    }
+    common_spec_prefill_free(sp->core);
+    delete sp;
+}
+
+json server_spec_prefill_props(const common_params & params) {
+    const auto & spp = params.spec_prefill;
+    if (!spp.enabled) {
+        return json {{"enabled", false}};
+    }
+    return json {
+        {"enabled",     true},
+        {"draft",       spp.mparams.path.empty() ? params.speculative.draft.mparams.path : spp.mparams.path},
+        {"device",      spec_prefill_devices_str(spp.devices)},
+        {"p",           spp.select.keep},
+        {"select",      common_spec_prefill_select_mode_name(spp.select.mode)},
+        {"mass",        spp.select.mass},
+        {"chunk",       spp.select.chunk_size},
+        {"keep_first",  spp.select.keep_first},
+        {"keep_last",   spp.select.keep_last},
+        {"max_keep",    spp.select.max_keep},
+        {"lookahead",   spp.lookahead},
+        {"pool_kernel", spp.pool_kernel},
+        {"min_tokens",  spp.min_tokens},
+        {"ctx",         spp.n_ctx},
+        {"window",      spp.window},
+        {"reuse",       spp.reuse_exact ? "exact" : "sparse"},
+        {"break_even",  spp.break_even},
+        {"tool_guard",  spp.tool_guard},
+    };
+}
+
+//
+// per-slot verbs
+//
+
+int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
+        llama_context * ctx_tgt, llama_seq_id seq, int32_t n_past) {
+    slot.held.clear();
+    if (n_past <= 0 || !slot.sp) {
+        return n_past;
+    }
+    // what the KV holds is the truth, whichever way it got there (this slot's last request, the RAM prompt cache,
+    // a slot file, a cache-reuse shift)
+    slot.held = llama_memory_seq_positions(llama_get_memory(ctx_tgt), seq);
+    if (slot.held.empty()) {
+        return n_past; // no attention positions (recurrent memory): nothing to tell
+    }
+    int32_t first_gap = 0;
+    while (first_gap < (int32_t) slot.held.size() && first_gap < n_past && slot.held[first_gap] == first_gap) {
+        first_gap++;
+    }
+    if (first_gap < n_past && (!params.enabled || slot.sp->params.reuse_exact)) {
+        // a full prefill must not stand on a sparse KV; exact reuse keeps only the dense part
+        return first_gap;
+    }
+    return n_past;
+}
+
+// how much of the prefix [0, n_past) the KV holds, once the server has settled n_past
+static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_past) {
+    slot.n_past      = n_past;
+    slot.n_held_past = n_past;
+    slot.past_sparse = false;
+    if (n_past > 0 && !slot.held.empty()) {
+        slot.n_held_past = (int32_t) (std::lower_bound(slot.held.begin(), slot.held.end(), n_past) - slot.held.begin());
+        slot.past_sparse = slot.n_held_past < n_past;
+    }
+    slot.held.clear();
+    slot.held.shrink_to_fit();
+}
+
+// the estimated speedup of scoring this prompt over prefilling it, from the throughputs measured so far; 0 if unknown
+static double spec_prefill_estimated_speedup(const server_spec_prefill * sp, const server_spec_prefill_params & params,
+        int32_t n_new) {
+    if (sp->r_target <= 0.0 || sp->r_score <= 0.0 || n_new <= 0) {
+        return 0.0;
+    }
+    const double f_kept = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
+    const double t_full = n_new / sp->r_target;
+    const double t_spec = n_new / sp->r_score + f_kept * n_new / sp->r_target;
+    return t_full / t_spec;
+}
+
+void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
+        const llama_tokens & prompt, int32_t n_past, bool compatible, server_spec_prefill_timings & timings,
+        server_spec_prefill_metrics & metrics) {
+    server_spec_prefill * sp = slot.sp;
+    slot.job.reset();
+    slot.sparse = false;
+    slot.kept.clear();
+    slot.i_kept = 0;
+    if (!sp) {
+        return;
+    }
+    spec_prefill_settle_past(slot, n_past);
+
+    const int32_t n_prompt = (int32_t) prompt.size();
+    const int32_t n_new    = n_prompt - n_past;
+
+    timings = {};
+    timings.n_prompt = n_prompt;
+    timings.n_reused = n_past;
+    timings.n_kept   = slot.n_held_past + n_new;
+
+    auto decide = [&](enum server_spec_prefill_status status, std::string reason = "") {
+        timings.status = status;
+        timings.reason = std::move(reason);
+        metrics.add(timings, 0, 0);
+    };
+
+    if (!params.enabled) {
+        return decide(SERVER_SPEC_PREFILL_DISABLED);
+    }
+    if (!compatible) {
+        return decide(SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, "media in the prompt, or not a completion");
+    }
+    if (params.has_tools && sp->params.tool_guard) {
+        return decide(SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD, "the request has tools (--no-spec-prefill-tool-guard "
+                "scores such requests too)");
+    }
+    if (n_new < std::max(1, params.min_tokens)) {
+        if (slot.past_sparse) {
+            return decide(SERVER_SPEC_PREFILL_REUSED);
+        }
+        return decide(SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS, string_format("%d new prompt tokens, below the minimum "
+                "of %d", n_new, params.min_tokens));
+    }
+    if (sp->params.break_even > 0.0f) {
+        const double speedup = spec_prefill_estimated_speedup(sp, params, n_new);
+        if (speedup > 0.0 && speedup < sp->params.break_even) {
+            return decide(SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN, string_format("estimated speedup %.2fx, below "
+                    "--spec-prefill-break-even %.2f (measured: target prefill %.0f t/s, scoring %.0f t/s)", speedup,
+                    sp->params.break_even, sp->r_target * 1e3, sp->r_score * 1e3));
+        }
+    }
+
+    auto job = std::make_shared<server_spec_prefill_job>();
+    job->prompt = prompt;
+    job->req    = common_spec_prefill_default_request(sp->core);
+    job->req.select     = params.select;
+    job->req.min_tokens = params.min_tokens;
+    job->req.window     = params.window;
+    job->req.n_past     = n_past;
+    job->req.cancel     = &job->cancel;
+    job->t_submit_us    = ggml_time_us();
+
+    timings.status = SERVER_SPEC_PREFILL_ACTIVE; // until the scores say otherwise
+    slot.job = job;
+    {
+        std::unique_lock<std::mutex> lock(sp->mutex);
+        sp->queue.push_back(std::move(job));
+    }
+    sp->cv.notify_one();
+}
+
+bool server_spec_prefill_pending(const server_spec_prefill_slot & slot) {
+    return slot.job && !slot.job->done.load(std::memory_order_acquire);
+}
+
+bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_prefill_timings & timings,
+        server_spec_prefill_metrics & metrics) {
+    if (!slot.job) {
+        return true;
+    }
+    if (!slot.job->done.load(std::memory_order_acquire)) {
+        return false;
+    }
+    auto job = std::move(slot.job);
+    const auto & res = job->result;
+
+    timings.queue_ms  = (job->t_start_us - job->t_submit_us) / 1000.0;
+    timings.score_ms  = (job->t_end_us - job->t_start_us) / 1000.0;
+    timings.n_windows = res.n_windows;
+
+    const int32_t n_new = res.n_prompt - res.n_past;
+    switch (res.status) {
+        case COMMON_SPEC_PREFILL_SPARSE:
+            timings.status = SERVER_SPEC_PREFILL_ACTIVE;
+            slot.sparse = true;
+            slot.kept   = res.kept;
+            // the last prompt token must be decoded: its logits start the generation
+            if (slot.kept.empty() || slot.kept.back() != res.n_prompt - 1) {
+                slot.kept.push_back(res.n_prompt - 1);
+            }
+            slot.i_kept = 0;
+            timings.n_kept = slot.n_held_past + (int32_t) slot.kept.size();
+            break;
+        case COMMON_SPEC_PREFILL_SHORT:
+            timings.status = slot.past_sparse ? SERVER_SPEC_PREFILL_REUSED : SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS;
+            timings.reason = res.reason;
+            break;
+        case COMMON_SPEC_PREFILL_KEPT_ALL:
+            timings.status = SERVER_SPEC_PREFILL_KEPT_ALL;
+            break;
+        case COMMON_SPEC_PREFILL_FAILED:
+        case COMMON_SPEC_PREFILL_CANCELLED:
+            timings.status = SERVER_SPEC_PREFILL_ERROR_FALLBACK;
+            timings.reason = res.reason.empty() ? "scoring stopped" : res.reason;
+            SPP_WRN("scoring failed, prefilling the prompt in full: %s\n", timings.reason.c_str());
+            break;
+    }
+    const bool scored = res.status == COMMON_SPEC_PREFILL_SPARSE || res.status == COMMON_SPEC_PREFILL_KEPT_ALL;
+    metrics.add(timings, scored ? n_new : 0, slot.sparse ? n_new - (int32_t) slot.kept.size() : 0);
+    if (scored && timings.score_ms > 0.0) {
+        const double r = n_new / timings.score_ms;
+        slot.sp->r_score = slot.sp->r_score > 0.0 ? 0.5*slot.sp->r_score + 0.5*r : r;
+    }
+    return true;
+}
+
+bool server_spec_prefill_keep(server_spec_prefill_slot & slot, int32_t pos) {
+    if (!slot.sparse) {
+        return true;
+    }
+    while (slot.i_kept < slot.kept.size() && slot.kept[slot.i_kept] < pos) {
+        slot.i_kept++;
+    }
+    return slot.i_kept < slot.kept.size() && slot.kept[slot.i_kept] == pos;
+}
+
+void server_spec_prefill_release(server_spec_prefill_slot & slot, llama_context * ctx_tgt, llama_seq_id seq,
+        const server_spec_prefill_timings & timings, double t_prompt_ms, uint64_t n_prompt_processed) {
+    if (slot.job) {
+        // a request cancelled or disconnected while queued or scored: its scoring stops before the next ubatch
+        slot.job->cancel = true;
+        slot.job.reset();
+    }
+    // the target's prefill throughput, from requests that prefilled enough tokens to say
+    if (slot.sp && timings.is_set() && n_prompt_processed >= 256) {
+        const double t_ms = t_prompt_ms - timings.queue_ms - timings.score_ms;
+        if (t_ms > 0.0) {
+            const double r = n_prompt_processed / t_ms;
+            slot.sp->r_target = slot.sp->r_target > 0.0 ? 0.5*slot.sp->r_target + 0.5*r : r;
+        }
+    }
+    slot.sparse = false;
+    slot.kept.clear();
+    slot.i_kept = 0;
+
+    // for /slots, read here rather than there: /slots may be answered while the loop decodes into this KV
+    const std::vector<llama_pos> pos = llama_memory_seq_positions(llama_get_memory(ctx_tgt), seq);
+    int32_t first_gap = 0;
+    while (first_gap < (int32_t) pos.size() && pos[first_gap] == first_gap) {
+        first_gap++;
+    }
+    slot.kv_n_pos     = (int32_t) pos.size();
+    slot.kv_pos_max   = pos.empty() ? -1 : pos.back();
+    slot.kv_first_gap = first_gap == (int32_t) pos.size() ? -1 : first_gap;
+}
+
+json server_spec_prefill_slot::to_json() const {
+    json j = {
+        {"state",          job ? (job->done.load() ? "scored" : "scoring") : (sparse ? "sparse_prefill" : "idle")},
+        {"n_kv_positions", kv_n_pos},
+        {"kv_pos_max",     kv_pos_max},
+        {"kv_first_gap",   kv_first_gap},
+    };
+    if (sparse) {
+        j["n_kept"] = (int32_t) kept.size();
+    }
+    return j;
+}

@@ -1,0 +1,368 @@
+"""llama-server --spec-prefill against the built server over real HTTP: per-request control, status in every
+response, slots, the prompt cache and multi-turn reuse, no freeze, cancellation, bad input, metrics.
+
+The models are tiny random llama-architecture GGUFs with the llama-bpe vocabulary (a target and a draft with other
+weights), made at test time; everything runs on the CPU backend."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from spbuild.bench import WORDS
+
+pytestmark = pytest.mark.build
+
+P = 0.2
+MIN_TOKENS = 256
+
+
+def words(n: int, seed: int = 1) -> str:
+    """About n tokens of text (common words the llama-bpe tokenizer keeps whole)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def spec_args(models, *extra: str, n_parallel: int = 2, n_ctx: int = 16384) -> list[str]:
+    return ["-m", models["target"], "-mpd", models["draft"], "--device", "none", "-c", str(n_ctx),
+            "-np", str(n_parallel), "--spec-prefill-p", str(P), "--spec-prefill-min-tokens", str(MIN_TOKENS),
+            "--metrics", "--slots", *map(str, extra)]
+
+
+def complete(server, prompt: str, n_predict: int = 4, **fields) -> dict:
+    response = server.request("POST", "/completion",
+                              {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def spec(body: dict) -> dict:
+    return body["timings"]["spec_prefill"]
+
+
+def slot_state(server, slot: int) -> dict:
+    slots = server.request("GET", "/slots").json()
+    return next(s for s in slots if s["id"] == slot)["spec_prefill"]
+
+
+@pytest.fixture
+def spec_server(server_factory, bpe_models):
+    return server_factory(spec_args(bpe_models))
+
+
+def test_a_long_prompt_is_scored_and_prefilled_sparsely(spec_server):
+    body = complete(spec_server, words(3000), id_slot=0)
+    sp = spec(body)
+    assert sp["status"] == "active", sp
+    assert sp["n_prompt"] == body["tokens_evaluated"]
+    # about p of the 32-token chunks plus the always-kept head and tail
+    assert 0.15 * sp["n_prompt"] < sp["n_kept"] < 0.35 * sp["n_prompt"], sp
+    assert body["timings"]["prompt_n"] == sp["n_kept"]  # prompt_n: tokens actually evaluated
+    assert sp["score_ms"] > 0 and sp["sparse_prefill_ms"] > 0 and sp["n_windows"] == 1
+    assert body["tokens_predicted"] == 4
+    # the target's KV holds the kept positions and the generated tokens after position N, not the dropped ones
+    kv = slot_state(spec_server, 0)
+    assert kv["n_kv_positions"] == sp["n_kept"] + body["tokens_predicted"] - 1, kv
+    assert kv["kv_pos_max"] == sp["n_prompt"] + body["tokens_predicted"] - 2, kv
+    assert kv["kv_first_gap"] >= 4, kv
+
+
+def test_short_prompts_and_disabled_requests_say_so(spec_server):
+    short = spec(complete(spec_server, words(100)))
+    assert short["status"] == "skipped_min_tokens" and short["n_kept"] == short["n_prompt"], short
+    assert "below the minimum" in short["reason"]
+    off = complete(spec_server, words(3000, seed=2), spec_prefill={"enabled": False})
+    assert spec(off)["status"] == "disabled"
+    assert off["timings"]["prompt_n"] == off["tokens_evaluated"]
+
+
+def test_per_request_settings_change_the_selection(spec_server):
+    prompt = words(3000, seed=3)
+    few = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False, spec_prefill={"p": 0.1}))
+    many = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False, spec_prefill={"p": 0.5}))
+    assert few["status"] == many["status"] == "active"
+    assert few["n_kept"] < many["n_kept"]
+    capped = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False, spec_prefill={"max_keep": 200}))
+    assert capped["n_kept"] <= 200 + 4, capped  # the always-kept head and tail even beyond the cap
+    # vllm-mlx's flat fields
+    flat = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False, specprefill_keep_pct=0.5))
+    assert flat["n_kept"] == many["n_kept"]
+    assert spec(complete(spec_server, prompt, specprefill=False))["status"] == "disabled"
+    mass = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False,
+                         spec_prefill={"select": "mass", "mass": 0.5}))
+    assert mass["status"] in ("active", "kept_all")
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"spec_prefill": {"p": 0}}, "spec_prefill.p"),
+    ({"spec_prefill": {"p": 1.5}}, "spec_prefill.p"),
+    ({"spec_prefill": {"p": "half"}}, "spec_prefill.p"),
+    ({"spec_prefill": {"select": "best"}}, "spec_prefill.select"),
+    ({"spec_prefill": {"mass": -1}}, "spec_prefill.mass"),
+    ({"spec_prefill": {"min_tokens": -5}}, "spec_prefill.min_tokens"),
+    ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
+    ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
+    ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
+    ({"spec_prefill": 3}, "spec_prefill"),
+    ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),
+])
+def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
+    response = spec_server.request("POST", "/completion", {"prompt": words(50), "n_predict": 1, **fields})
+    assert response.status_code == 400, response.text
+    assert f"'{name}'" in response.json()["error"]["message"]
+    chat = spec_server.request("POST", "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **fields})
+    assert chat.status_code == 400, chat.text
+    assert spec_server.request("GET", "/health").status_code == 200
+
+
+def test_every_endpoint_reports_it(spec_server):
+    prompt = words(2000, seed=4)
+    oai = spec_server.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2, "temperature": 0,
+                                                            "spec_prefill": {"p": 0.3}})
+    assert oai.status_code == 200, oai.text
+    assert oai.json()["timings"]["spec_prefill"]["status"] == "active"
+    chat = spec_server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": words(2000, seed=5)}], "max_tokens": 2, "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["timings"]["spec_prefill"]["status"] == "active"
+    # streaming: the final chunk carries the timings
+    with requests.post(f"{spec_server.url}/completion", json={"prompt": words(2000, seed=6), "n_predict": 3,
+                                                               "stream": True, "temperature": 0},
+                       stream=True, timeout=300) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines(decode_unicode=True)
+                  if line and line.startswith("data: ")]
+    assert chunks[-1]["timings"]["spec_prefill"]["status"] == "active", chunks[-1]
+
+
+def test_requests_with_tools_are_prefilled_in_full(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--jinja"))
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "the time",
+                                                "parameters": {"type": "object", "properties": {}}}}]
+    body = {"messages": [{"role": "user", "content": words(2000, seed=7)}], "max_tokens": 2, "tools": tools}
+    response = server.request("POST", "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["timings"]["spec_prefill"]["status"] == "skipped_tool_guard"
+    unguarded = server_factory(spec_args(bpe_models, "--jinja", "--no-spec-prefill-tool-guard"))
+    response = unguarded.request("POST", "/v1/chat/completions", body)
+    assert response.json()["timings"]["spec_prefill"]["status"] == "active"
+
+
+def test_props_and_metrics(spec_server):
+    props = spec_server.request("GET", "/props").json()["spec_prefill"]
+    assert props["enabled"] and props["p"] == pytest.approx(P) and props["min_tokens"] == MIN_TOKENS
+    assert props["reuse"] == "sparse" and props["select"] == "keep"
+    sp = spec(complete(spec_server, words(3000, seed=8)))
+    complete(spec_server, words(50, seed=9))
+    metrics = spec_server.request("GET", "/metrics").text
+    assert 'llamacpp:spec_prefill_requests_total{status="active"} 1' in metrics
+    assert 'llamacpp:spec_prefill_requests_total{status="skipped_min_tokens"} 1' in metrics
+    assert f"llamacpp:spec_prefill_tokens_scored_total {sp['n_prompt']}" in metrics
+    assert f"llamacpp:spec_prefill_tokens_skipped_total {sp['n_prompt'] - sp['n_kept']}" in metrics
+
+
+def test_multi_turn_reuses_the_sparse_prefix_and_scores_only_new_tokens(spec_server):
+    conversation = words(3000, seed=10)
+    first = complete(spec_server, conversation, id_slot=0)
+    assert spec(first)["status"] == "active"
+    kept_before = spec(first)["n_kept"] + first["tokens_predicted"] - 1  # the last token generated is not in the KV
+    for turn in range(2):
+        conversation += first["content"] + words(1500, seed=20 + turn)
+        body = complete(spec_server, conversation, id_slot=0)
+        sp = spec(body)
+        assert sp["status"] == "active", sp
+        n_reused = sp["n_reused"]
+        assert n_reused >= spec(first)["n_prompt"], (sp, spec(first))
+        assert body["timings"]["cache_n"] == n_reused
+        # the reused prefix keeps its earlier selection; only new tokens were evaluated
+        assert body["timings"]["prompt_n"] == sp["n_kept"] - kept_before, (sp, kept_before)
+        assert sp["n_kept"] < sp["n_prompt"] and sp["n_prompt"] - n_reused > 1000
+        kv = slot_state(spec_server, 0)
+        assert kv["n_kv_positions"] == sp["n_kept"] + body["tokens_predicted"] - 1, (kv, sp)
+        kept_before = sp["n_kept"] + body["tokens_predicted"] - 1
+        first = body
+    # a retry of the same prompt reuses the selection and the KV: nothing is scored
+    retry = complete(spec_server, conversation, id_slot=0)
+    sp = spec(retry)
+    assert sp["status"] == "reused" and sp["score_ms"] == 0, sp
+    assert retry["timings"]["prompt_n"] == 1
+    # a follow-up of a few tokens, below min_tokens, is prefilled in full on top of the sparse prefix
+    small = complete(spec_server, conversation + words(40, seed=30), id_slot=0)
+    assert spec(small)["status"] == "reused" and small["timings"]["prompt_n"] > 30
+
+
+def test_exact_reuse_and_disabled_requests_never_build_on_a_sparse_kv(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-reuse", "exact"))
+    prompt = words(3000, seed=11)
+    first = complete(server, prompt, id_slot=0)
+    gap = slot_state(server, 0)["kv_first_gap"]
+    assert gap > 0
+    follow = complete(server, prompt + words(1000, seed=12), id_slot=0)
+    assert spec(follow)["n_reused"] == gap == follow["timings"]["cache_n"]
+    assert spec(first)["status"] == spec(follow)["status"] == "active"
+
+    default = server_factory(spec_args(bpe_models))
+    complete(default, prompt, id_slot=0)
+    gap = slot_state(default, 0)["kv_first_gap"]
+    off = complete(default, prompt, id_slot=0, spec_prefill={"enabled": False})
+    assert off["timings"]["cache_n"] == gap
+    assert off["timings"]["prompt_n"] == spec(off)["n_prompt"] - gap
+    assert slot_state(default, 0)["kv_first_gap"] == -1  # dense again
+
+
+def test_no_draft_kv_leaks_across_slots(server_factory, bpe_models):
+    """PR #27692's field bug: draft KV keyed by slot piled up until the draft decode failed. Four slots, a draft
+    context that holds about two prompts, twelve large prompts on rotating slots: every one is scored."""
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "4096", n_parallel=4, n_ctx=4 * 4096))
+    for i in range(12):
+        sp = spec(complete(server, words(1800, seed=100 + i), n_predict=1, id_slot=i % 4))
+        assert sp["status"] == "active", (i, sp)
+    assert "failed" not in server.log_tail()
+
+
+def test_long_prompts_are_scored_in_windows_that_fit_the_draft_context(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "2048"))
+    sp = spec(complete(server, words(6000, seed=13)))
+    assert sp["status"] == "active" and sp["n_windows"] >= 3, sp
+
+
+def test_concurrent_requests_with_mixed_settings(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, n_parallel=4, n_ctx=4 * 4096))
+    cases = [({"p": 0.2}, "active"), ({"enabled": False}, "disabled"), ({"p": 0.5}, "active"),
+             ({"min_tokens": 100000}, "skipped_min_tokens")]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(complete, server, words(2500, seed=200 + i), 4, spec_prefill=fields)
+                   for i, (fields, _) in enumerate(cases)]
+        results = [f.result() for f in futures]
+    for (fields, status), body in zip(cases, results):
+        assert spec(body)["status"] == status, (fields, spec(body))
+        assert body["tokens_predicted"] == 4
+    queued = [spec(b)["queue_ms"] for b, (_, s) in zip(results, cases) if s == "active"]
+    assert len(queued) == 2
+    assert server.request("GET", "/health").status_code == 200
+
+
+def _longest_gap_while_streaming(server, big_prompt: str, big_fields: dict) -> tuple[float, dict]:
+    """Slot 0 streams tokens while slot 1 gets a big prompt: the longest wait between slot 0's tokens, and slot 1's
+    response."""
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def stream():
+        with requests.post(f"{server.url}/completion", json={"prompt": words(20, seed=1), "n_predict": 400,
+                                                              "stream": True, "temperature": 0, "id_slot": 0,
+                                                              "ignore_eos": True}, stream=True, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    arrivals.append(time.monotonic())
+                    if len(arrivals) == 20:
+                        started.set()
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    assert started.wait(120)
+    t0 = time.monotonic()
+    body = complete(server, big_prompt, 1, id_slot=1, **big_fields)
+    t1 = time.monotonic()
+    streamer.join()
+    during = [b - a for a, b in zip(arrivals, arrivals[1:]) if b > t0 and a < t1]
+    return max(during), body
+
+
+def test_scoring_does_not_freeze_other_slots(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "-b", "8192", "-ub", "8192", n_ctx=2 * 12288))
+    prompt = words(8000, seed=14)
+    plain_gap, plain = _longest_gap_while_streaming(server, prompt, {"spec_prefill": {"enabled": False},
+                                                                     "cache_prompt": False})
+    spec_gap, body = _longest_gap_while_streaming(server, prompt, {"cache_prompt": False})
+    sp = spec(body)
+    assert sp["status"] == "active"
+    assert spec_gap < plain_gap, (f"while slot 1's prompt was scored ({sp['score_ms']:.0f} ms), slot 0's longest gap "
+                                  f"between tokens was {spec_gap * 1e3:.0f} ms; a plain prefill of the same prompt "
+                                  f"({plain['timings']['prompt_ms']:.0f} ms) caused {plain_gap * 1e3:.0f} ms")
+
+
+def test_a_client_that_disconnects_during_scoring_stops_it(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "16384", n_ctx=2 * 16384))
+    prompt = words(12000, seed=15)
+    full = spec(complete(server, prompt, 1, cache_prompt=False, id_slot=0))
+    assert full["status"] == "active" and full["score_ms"] > 300, full
+    # the same prompt again, dropped while it is being scored
+    with requests.post(f"{server.url}/completion", json={"prompt": prompt, "n_predict": 1, "stream": True,
+                                                          "cache_prompt": False, "id_slot": 0},
+                       stream=True, timeout=60):
+        deadline = time.monotonic() + 30
+        while slot_state(server, 0)["state"] != "scoring" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slot_state(server, 0)["state"] == "scoring"
+    t0 = time.monotonic()
+    after = complete(server, words(2000, seed=16), 1, id_slot=0)
+    # the next request did not wait for the dropped scoring to run to its end
+    assert spec(after)["status"] == "active"
+    assert spec(after)["queue_ms"] < 0.5 * full["score_ms"], (spec(after), full)
+    assert time.monotonic() - t0 < 60
+    assert server.request("GET", "/health").status_code == 200
+
+
+def test_slot_save_and_restore_keep_a_sparse_slot_known_as_sparse(server_factory, bpe_models, tmp_path):
+    server = server_factory(spec_args(bpe_models, "--slot-save-path", tmp_path))
+    prompt = words(3000, seed=17)
+    first = spec(complete(server, prompt, id_slot=0))
+    gap = slot_state(server, 0)["kv_first_gap"]
+    saved = server.request("POST", "/slots/0?action=save", {"filename": "sparse.bin"})
+    assert saved.status_code == 200, saved.text
+    assert server.request("POST", "/slots/0?action=erase").status_code == 200
+    restored = server.request("POST", "/slots/1?action=restore", {"filename": "sparse.bin"})
+    assert restored.status_code == 200, restored.text
+    # asked for a full prefill, the restored slot is used only up to its first dropped position
+    off = complete(server, prompt, id_slot=1, spec_prefill={"enabled": False})
+    assert off["timings"]["cache_n"] == gap, (off["timings"], gap, first)
+
+
+def test_the_ram_prompt_cache_carries_the_sparse_kv(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--cache-ram", "512", n_parallel=1))
+    prompt = words(3000, seed=18)
+    first = spec(complete(server, prompt))
+    complete(server, words(2000, seed=19))  # the first prompt moves to the RAM cache
+    again = complete(server, prompt)
+    sp = spec(again)
+    assert again["timings"]["cache_n"] > 2000, again["timings"]
+    assert sp["status"] == "reused" and sp["n_kept"] == first["n_kept"], (sp, first)
+
+
+def test_startup_errors(build, bpe_models, tiny_models):
+    server = build.binary("llama-server")
+
+    def start(*args) -> str:
+        proc = subprocess.run([server, "-m", bpe_models["target"], "--device", "none", "--port", "0", *map(str, args)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout + proc.stderr
+
+    assert "does not share the target's vocabulary" in start("-mpd", tiny_models["llama"])
+    assert "speculative decoding" in start("-mpd", bpe_models["draft"], "-md", bpe_models["draft"],
+                                           "--spec-type", "draft-simple")
+    assert "--spec-prefill-reuse must be" in start("-mpd", bpe_models["draft"], "--spec-prefill-reuse", "maybe")
+    assert "--spec-prefill-p must be in (0, 1]" in start("-mpd", bpe_models["draft"], "--spec-prefill-p", "0")
+
+
+def test_the_environment_turns_it_on(server_factory, bpe_models):
+    server = server_factory(["-m", bpe_models["target"], "--device", "none", "-c", "8192"],
+                            env={"LLAMA_ARG_SPEC_PREFILL_MODEL": str(bpe_models["draft"]),
+                                 "LLAMA_ARG_SPEC_PREFILL_MIN_TOKENS": "256"})
+    assert server.request("GET", "/props").json()["spec_prefill"]["enabled"]
+    assert spec(complete(server, words(1000, seed=20)))["status"] == "active"
+
+
+def test_a_server_without_spec_prefill_reports_nothing(server_factory, bpe_models):
+    server = server_factory(["-m", bpe_models["target"], "--device", "none", "-c", "8192"])
+    body = complete(server, words(1000, seed=21))
+    assert "spec_prefill" not in body["timings"]
+    assert server.request("GET", "/props").json()["spec_prefill"] == {"enabled": False}
