@@ -800,6 +800,9 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     }
 
     auto plan = spec_prefill_make_plan(sp, prompt, req);
+    for (const auto & w : plan.windows) {
+        res.windows.push_back({ w.begin, w.end });
+    }
     res.n_windows  = (int32_t) plan.windows.size();
     res.n_parallel = plan.n_seq;
 

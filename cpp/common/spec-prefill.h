@@ -42,6 +42,7 @@ struct common_spec_prefill_result {
     std::vector<int32_t> kept;   // sorted positions in [n_past, n_prompt) to prefill: all of them unless sparse
     std::vector<float>   scores; // per prompt token (0 below n_past); empty when the prompt was not scored
 
+    std::vector<common_spec_prefill_window> windows; // the scored windows' own spans of the prompt, in order
     int32_t n_windows  = 0; // scored windows
     int32_t n_parallel = 0; // windows scored side by side as sequences of one batch
     int32_t n_rows     = 0; // query rows used, over all windows

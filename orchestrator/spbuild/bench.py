@@ -41,11 +41,12 @@ def _gguf(tree: Path):
 
 
 def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, seed: int = 0,
-               sharp_attention: bool = False) -> Path:
+               sharp_attention: bool = False, nan_weights: bool = False) -> Path:
     """A llama-architecture GGUF of `shape` with F16 random weights and the llama-bpe vocabulary (weight values do not
     change the cost of a forward pass). sharp_attention makes the query and key projections a large multiple of the
     identity (the shape needs n_head == n_head_kv): each token's attention then sits almost only on itself, so a
-    lookahead token's row can give the prompt exactly zero weight, a case the scoring must handle."""
+    lookahead token's row can give the prompt exactly zero weight, a case the scoring must handle. nan_weights makes
+    every weight NaN: a draft whose attention rows are not finite, so that scoring fails for real."""
     import numpy as np
 
     gguf = _gguf(tree)
@@ -75,6 +76,8 @@ def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, see
 
     rng = np.random.default_rng(seed)
     pool = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
+    if nan_weights:
+        pool[:] = np.nan
 
     def weight(rows: int, cols: int) -> np.ndarray:
         return np.resize(pool, (rows, cols))
@@ -107,6 +110,10 @@ def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, see
     return out
 
 
+# the longest any one benchmark process may run (a 128K full prefill on a slow backend takes minutes)
+TIMEOUT_S = 3600
+
+
 def make_prompt(n_tokens: int, seed: int = 1) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(n_tokens))
@@ -136,9 +143,14 @@ def draft_prefill_ms(bin_dir: Path, draft: Path, n_tokens: int, common: list[str
     """The draft's plain prefill of n_tokens with flash attention, by upstream's llama-bench."""
     argv = [str(bin_dir / "llama-bench"), "-m", str(draft), "-p", str(n_tokens), "-n", "0", "-fa", "1", "-r", "1",
             "-o", "json", *common]
-    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.write_text(f"timed out after {TIMEOUT_S} s\n")
+        return float("nan")
     log.write_text(proc.stdout + proc.stderr)
-    proc.check_returncode()
+    if proc.returncode != 0:
+        return float("nan")
     return json.loads(proc.stdout)[0]["avg_ns"] / 1e6
 
 
@@ -165,11 +177,19 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
             if baseline is None:
                 argv.append("--baseline")
             started = time.monotonic()
-            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                                  env={**os.environ, **config.env})
-            (out_dir / f"run-{n}-{i}.log").write_text(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                print(f"[{n}] {config.name}: failed, see {out_dir}/run-{n}-{i}.log", file=sys.stderr)
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                      env={**os.environ, **config.env}, timeout=TIMEOUT_S)
+                (out_dir / f"run-{n}-{i}.log").write_text(proc.stdout + proc.stderr)
+                failure = f"exit code {proc.returncode}" if proc.returncode != 0 else None
+            except subprocess.TimeoutExpired:
+                failure = f"timed out after {TIMEOUT_S} s"
+            if failure is None and not report.exists():
+                failure = "no report written"
+            if failure is not None:
+                # recorded, and the run goes on with the next configuration
+                rows.append({"n_prompt": n, "config": config.name, "status": "failed", "reason": failure})
+                print(f"[{n}] {config.name}: {failure}, see {out_dir}/run-{n}-{i}.log", file=sys.stderr)
                 continue
             data = json.loads(report.read_text())
             if baseline is None:
@@ -295,9 +315,12 @@ def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], windo
         tool_argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-f", str(prompt_file), "-c", str(n + 512),
                      "-n", "4", "--temp", "0", "--baseline", "--repeat", str(repeat), "--json", str(report),
                      *server_args, *spec_args]
-        proc = subprocess.run(tool_argv, capture_output=True, text=True, errors="replace")
-        (out_dir / f"tool-{n}.log").write_text(proc.stdout + proc.stderr)
-        tool = json.loads(report.read_text()) if proc.returncode == 0 else None
+        try:
+            proc = subprocess.run(tool_argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
+            (out_dir / f"tool-{n}.log").write_text(proc.stdout + proc.stderr)
+            tool = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
+        except subprocess.TimeoutExpired:
+            tool = None
         sp = on_timings.get("spec_prefill", {})
         row = {
             "n_prompt": sp.get("n_prompt", n), "config": f"p={p} " + (f"window {window // 1024}K" if windowed else "full"),
@@ -340,6 +363,9 @@ def markdown(rows: list[dict]) -> str:
              "scoring / draft prefill | sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("status") == "failed":
+            lines.append(f"| {r['n_prompt']:,} | {r['config']} | failed: {r['reason']} |||||||| |")
+            continue
         lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['windows']} ({r['parallel']}) | "
                      f"{r['score_ms']:,.0f} ({r['score_draft_prefill_ms']:,.0f} + {r['score_query_ms']:,.0f}) | "
                      f"{r['score_over_draft']:.2f}x | {r['prefill_ms']:,.0f} | "

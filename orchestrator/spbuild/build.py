@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spbuild import cmake, doctor, patches, toolchain
+from spbuild import cmake, doctor, patches, sources, toolchain
 from spbuild.console import console, info, log_path, run_logged, warn
 from spbuild.errors import BuildError, SpbuildError, ToolMissing
 from spbuild.pin import Pin
@@ -106,7 +106,8 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
     started = time.monotonic()
     source = workspace.source_dir
     if not (source / ".git").exists():
-        raise SpbuildError(f"no llama.cpp source at {source}", hint="Run `spbuild fetch` first.")
+        info(f"no llama.cpp source at {source} yet: fetching the pin")
+        sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
 
     report = None if request.skip_checks else _preflight(config.backend)
     cmake_tool, ninja_tool = toolchain.cmake(), toolchain.ninja()

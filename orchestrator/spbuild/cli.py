@@ -85,9 +85,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     project, workspace = _context(args)
     pin = load_pin(project.pin_file)
     config = _build_config(args)
-    if not (workspace.source_dir / ".git").exists():
-        with phase("fetch"):
-            sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
     with phase(f"build ({config.name})"):
         record = build(project, workspace, pin, BuildRequest(config, jobs=args.jobs, build_dir=args.build_dir,
                                                              skip_checks=args.skip_checks, force_patch=args.force))
@@ -114,8 +111,9 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
         raise SpbuildError("the test suite lives in a llama-specprefill checkout", hint="Run it inside the repository.")
     record = find_build(workspace, args.backend)
     info(f"testing the {record.backend} build in {record.build_dir}")
+    # SPBUILD_TEST: a missing product binary fails the run instead of skipping (tests/integration/harness.py)
     env = dict(os.environ, SPBUILD_BUILD_DIR=record.build_dir, SPBUILD_WORKDIR=str(workspace.root),
-               SPBUILD_PROJECT=str(project.root))
+               SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1")
     argv = [sys.executable, "-m", "pytest", str(project.root / "tests"), *pytest_args]
     return subprocess.run(argv, cwd=project.root, env=env).returncode
 

@@ -82,9 +82,9 @@ def configure_argv(cmake: Path, ninja: Path, source: Path, build: Path, config: 
 
 
 def default_targets(config: BuildConfig, source: Path) -> list[str]:
-    targets = ["llama-server"]
-    if (source / "tools" / "specprefill" / "CMakeLists.txt").is_file():
-        targets.append("llama-specprefill")
+    # llama-specprefill exists once the series is applied
+    targets = [t for t in PRODUCT_TARGETS
+               if t == "llama-server" or (source / "tools" / t.removeprefix("llama-") / "CMakeLists.txt").is_file()]
     if config.rpc:
         targets.append("rpc-server")
     if config.test_helpers:

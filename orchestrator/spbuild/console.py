@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from spbuild.errors import SpbuildError
+
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -50,19 +52,29 @@ def run_logged(
     with log.open("a", encoding="utf-8", errors="replace") as sink:
         sink.write(f"$ {' '.join(map(str, argv))}\n")
         sink.flush()
-        proc = subprocess.Popen(
-            [str(a) for a in argv],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+        except OSError as err:
+            raise SpbuildError(f"cannot run {argv[0]}: {err.strerror or err}",
+                               hint=f"Command: {' '.join(map(str, argv))}") from err
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sink.write(line)
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-        return proc.wait()
+        try:
+            for line in proc.stdout:
+                sink.write(line)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            return proc.wait()
+        except BaseException:
+            # Ctrl-C or an error in on_line: do not leave the child running behind us
+            proc.kill()
+            proc.wait()
+            raise

@@ -223,8 +223,12 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
     state = TreeState.load(repo)
     work = local_work(repo, state, project)
 
-    if state is not None and state.fingerprint == wanted and not _am_in_progress(repo):
-        notes = []
+    notes: list[str] = []
+    if state is not None and state.fingerprint == wanted and not _am_in_progress(repo) and not _holds(repo, state):
+        # checked out or reset since: building this tree would build without the series
+        notes.append(f"the tree's HEAD no longer holds the applied series ({BRANCH} at {state.head[:12]}): re-applying")
+        work = [w for w in work if "not exported" not in w]
+    elif state is not None and state.fingerprint == wanted and not _am_in_progress(repo):
         if work:
             notes.append("building with local changes in the tree: " + "; ".join(work[:5]))
         return PatchResult(state.patches, len(overlay_files(project)), reused=True, notes=notes)
@@ -256,7 +260,18 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
         repo.git.checkout("--force", "-B", BRANCH, head)
         repo.git.clean("-fdq")
     TreeState(wanted, repo.head.commit.hexsha, overlay_commit, applied).save(repo)
-    return PatchResult(applied, n_overlay, reused=False)
+    return PatchResult(applied, n_overlay, reused=False, notes=notes)
+
+
+def _holds(repo: git.Repo, state: TreeState) -> bool:
+    """HEAD is the recorded branch head or a descendant of it (commits made on top are local work, not a loss)."""
+    if not repo.head.is_valid():
+        return False
+    try:
+        repo.git.merge_base("--is-ancestor", state.head, "HEAD")
+    except git.GitCommandError:
+        return False
+    return True
 
 
 def _build_branch(repo: git.Repo, project: Project, *, stop_at_conflict: bool) -> tuple[str, int, list[str]]:

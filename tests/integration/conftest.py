@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import TINY_ARCHS, Build, ServerProcess, SpecPrefillTool
+from harness import BINARIES_USED, TINY_ARCHS, Build, ServerProcess, SpecPrefillTool, missing
 from spbuild import bench
 from spbuild.build import BuildRecord, find_build
 from spbuild.project import Project, Workspace
@@ -29,7 +29,7 @@ def build(workspace: Workspace) -> Build:
         try:
             record = find_build(workspace, None)
         except Exception as err:  # noqa: BLE001 - any reason means the same: nothing to test against
-            pytest.skip(f"no llama.cpp build to test: {err}")
+            missing(f"no llama.cpp build to test: {err}")
     return Build(record, Path(record.build_dir) / "bin")
 
 
@@ -61,6 +61,16 @@ def bpe_models(workspace: Workspace) -> dict[str, Path]:
             bench.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
         models[role] = path
     return models
+
+
+@pytest.fixture(scope="session")
+def nan_draft(workspace: Workspace) -> Path:
+    """A draft with the target's vocabulary whose weights are all NaN: its attention rows fail the scoring's checks."""
+    path = workspace.models_dir / "bpe" / "tiny-nan-draft.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        bench.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, nan_weights=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +108,12 @@ def server_factory(build: Build, tmp_path: Path) -> Iterator:
     yield start
     for server in servers:
         server.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many tests ran against which binaries: a build that lacks one shows here, not only as skips."""
+    if not BINARIES_USED:
+        return
+    terminalreporter.section("binaries tested")
+    for path, tests in sorted(BINARIES_USED.items()):
+        terminalreporter.write_line(f"{len(tests):4d} test(s) against {path}")

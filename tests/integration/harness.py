@@ -16,9 +16,27 @@ import pytest
 import requests
 
 from spbuild.build import BuildRecord
+from spbuild.cmake import PRODUCT_TARGETS
 
 # test-llama-archs saves random tiny models per architecture: a plain-RoPE one, a hybrid IMROPE one, a sliding-window one
 TINY_ARCHS = {"llama": "llama-dense", "qwen35": "qwen35-dense", "gemma3": "gemma3-dense"}
+
+
+def strict() -> bool:
+    """In CI and under `spbuild test`, a missing build or product binary fails the run instead of skipping it: a suite
+    that skipped everything would pass having tested nothing."""
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("SPBUILD_TEST") == "1"
+
+
+def missing(reason: str) -> None:
+    """Skip, or fail when strict(), for something the build should have had."""
+    if strict():
+        pytest.fail(f"{reason} (CI=true or `spbuild test`: a product binary must not be missing)", pytrace=False)
+    pytest.skip(reason)
+
+
+# which tests ran against which binaries, printed at the end of the run (conftest.py)
+BINARIES_USED: dict[str, set[str]] = {}
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,11 @@ class Build:
     def binary(self, name: str) -> Path:
         path = self.bin_dir / name
         if not path.exists():
+            if name in PRODUCT_TARGETS:
+                missing(f"{name} is not in this build ({self.bin_dir}); build it with `spbuild build`")
             pytest.skip(f"{name} is not in this build ({self.bin_dir}); build it with `spbuild build`")
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        BINARIES_USED.setdefault(str(path), set()).add(test)
         return path
 
 

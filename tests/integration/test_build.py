@@ -35,7 +35,7 @@ def test_batch_alloc_accepts_gaps_only_when_allowed(build):
                           timeout=120, env={**os.environ, "LLAMA_TEST_VERBOSE": "1"})
     out = gaps.stdout + gaps.stderr
     assert gaps.returncode == 0, out
-    assert "gaps_in_batch (6 assertion(s))" in out and "gaps_after_memory (3 assertion(s))" in out, out
+    assert "gaps_in_batch (7 assertion(s))" in out and "gaps_after_memory (3 assertion(s))" in out, out
 
 
 def _complete(server) -> dict:

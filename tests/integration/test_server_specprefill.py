@@ -366,3 +366,59 @@ def test_a_server_without_spec_prefill_reports_nothing(server_factory, bpe_model
     body = complete(server, words(1000, seed=21))
     assert "spec_prefill" not in body["timings"]
     assert server.request("GET", "/props").json()["spec_prefill"] == {"enabled": False}
+
+
+def test_a_scoring_failure_falls_back_to_a_full_prefill(server_factory, bpe_models, nan_draft):
+    server = server_factory(["-m", bpe_models["target"], "-mpd", nan_draft, *spec_args(bpe_models)[4:]])
+    prompt = words(2000, seed=22)
+    body = complete(server, prompt, id_slot=0)
+    sp = spec(body)
+    assert sp["status"] == "error_fallback", sp
+    assert "non-finite" in sp["reason"] or "empty" in sp["reason"], sp
+    assert body["timings"]["prompt_n"] == sp["n_prompt"] == sp["n_kept"]
+    plain = server_factory(["-m", bpe_models["target"], "--device", "none", "-c", "16384"])
+    assert body["content"] == complete(plain, prompt)["content"]  # the fallback is a real full prefill
+    assert spec(complete(server, words(2000, seed=23), id_slot=1))["status"] == "error_fallback"  # and it serves on
+    assert 'spec_prefill_requests_total{status="error_fallback"} 2' in server.request("GET", "/metrics").text
+
+
+def test_the_break_even_gate_uses_measured_throughputs(server_factory, bpe_models):
+    # the draft is as big as the target here, so scoring can never pay for itself at a 50x bar
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-break-even", "50"))
+    first = spec(complete(server, words(3000, seed=24)))
+    assert first["status"] == "active", first  # nothing measured yet: no estimate, no skip
+    second = spec(complete(server, words(3000, seed=25)))
+    assert second["status"] == "skipped_break_even", second
+    assert "estimated speedup" in second["reason"] and "measured" in second["reason"]
+
+
+def test_a_prompt_over_the_context_is_refused_and_the_server_goes_on(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, n_ctx=2 * 4096))
+    response = server.request("POST", "/completion", {"prompt": words(6000, seed=26), "n_predict": 1})
+    assert response.status_code == 400, response.text
+    assert spec(complete(server, words(2000, seed=27)))["status"] == "active"
+
+
+def test_sleeping_frees_the_scorer_and_waking_rebuilds_it(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--sleep-idle-seconds", "1"))
+    assert spec(complete(server, words(2000, seed=28)))["status"] == "active"
+    deadline = time.monotonic() + 30
+    while not server.request("GET", "/props").json()["is_sleeping"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.request("GET", "/props").json()["is_sleeping"]
+    assert spec(complete(server, words(2000, seed=29)))["status"] == "active"
+    assert server.log_tail().count("spec-prefill: prefill draft") >= 1
+
+
+def test_a_follow_up_after_an_idle_purge(server_factory, bpe_models):
+    """--cache-idle-slots moves an idle slot to the RAM cache and clears it when another task starts; the follow-up
+    comes back from the cache still known as sparse."""
+    server = server_factory(spec_args(bpe_models, "--cache-ram", "512", "--cache-idle-slots", "-kvu"))
+    prompt = words(3000, seed=30)
+    first = spec(complete(server, prompt, id_slot=0))
+    complete(server, words(2000, seed=31), id_slot=1)  # slot 0 is idle: saved and cleared
+    follow = complete(server, prompt + words(1200, seed=32))
+    sp = spec(follow)
+    assert follow["timings"]["cache_n"] >= first["n_prompt"] - 1, (follow["timings"], first)
+    assert sp["status"] == "active" and sp["n_reused"] >= first["n_prompt"] - 1, sp
+    assert sp["n_kept"] < sp["n_prompt"] - 1000, sp  # the reused prefix is still the sparse one

@@ -92,8 +92,15 @@ def test_windows_score_every_token_once(tool, tiny_models):
     window contributes its own span (no token left at zero, none scored twice)."""
     report = run_tool(tool, tiny_models["llama"], "--spec-prefill-window", "512")
     n = report["n_prompt"]
-    assert report["n_windows"] == math.ceil(n / 512)
+    assert report["n_windows"] == math.ceil(n / 512) == len(report["windows"])
     assert report["n_parallel"] >= 2  # windows run side by side as sequences of one batch
+    # the windows' own spans tile the prompt: every position in exactly one window
+    covered = [0] * n
+    for begin, end in report["windows"]:
+        assert 0 <= begin < end <= n and end - begin <= 512
+        for i in range(begin, end):
+            covered[i] += 1
+    assert covered == [1] * n, [i for i, c in enumerate(covered) if c != 1][:20]
     assert all(s > 0 for s in report["scores"])
 
 

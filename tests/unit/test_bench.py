@@ -22,3 +22,20 @@ def test_table_shows_the_scoring_phases_and_the_speedup():
            "ttft_ms": 1006.0, "baseline_ttft_ms": 2382.0, "speedup": 2.37}
     table = bench.markdown([row])
     assert "| 32,769 | p=0.1 full | 3,360 | 1 (1) | 867 (812 + 48) | 1.40x | 127 | 1,006 | 2,382 | **2.37x** |" in table
+
+
+def test_a_failed_run_is_recorded_and_the_run_goes_on(tmp_path):
+    """A benchmark process that fails, or writes no report, becomes a row that says so; the next config still runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    tool = bin_dir / "llama-specprefill"
+    tool.write_text(f"#!/bin/sh\necho run >> {calls}\necho 'no model here' >&2\nexit 1\n")
+    tool.chmod(0o755)
+    rows = bench.run(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf", [100], 8192, tmp_path / "out", [], [],
+                     only=["p=0.1 full", "p=0.3 full"], draft_bench=False)
+    assert [(r["config"], r["status"], r["reason"]) for r in rows] == [
+        ("p=0.1 full", "failed", "exit code 1"), ("p=0.3 full", "failed", "exit code 1")]
+    assert calls.read_text().count("run") == 2
+    assert "failed: exit code 1" in (tmp_path / "out" / "results.md").read_text()
+    assert "no model here" in (tmp_path / "out" / "run-100-0.log").read_text()

@@ -88,6 +88,20 @@ def test_apply_series(h, project, pin, tree):
     assert state["fingerprint"] == patches.fingerprint(project, pin)
 
 
+def test_a_tree_reset_to_the_pin_is_patched_again(h, project, pin, tree):
+    """After a user checks out or resets the tree to the pin, the series is re-applied instead of building the
+    unpatched tree as if it were patched."""
+    first = patches.apply_series(project, pin, tree)
+    patched = head(h, tree)
+    h.git(tree, "checkout", "--quiet", "--force", "-B", patches.BRANCH, pin.commit)
+    again = patches.apply_series(project, pin, tree)
+    assert not again.reused
+    assert any("no longer holds the applied series" in n for n in again.notes), again.notes
+    assert again.applied == first.applied
+    assert h.git(tree, "rev-parse", "HEAD^{tree}") == h.git(tree, "rev-parse", f"{patched}^{{tree}}")
+    assert patches.apply_series(project, pin, tree).reused
+
+
 def test_second_apply_is_reused_and_does_not_touch_the_tree(h, project, pin, tree):
     patches.apply_series(project, pin, tree)
     before, log_before = head(h, tree), reflog_len(h, tree)

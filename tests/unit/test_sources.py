@@ -56,17 +56,14 @@ def test_mirror_fetch_checks_out_the_pin_and_records_it(h, upstream, pin, worksp
     assert subprocess.run(["git", "cat-file", "-e", upstream.c2], cwd=result.tree).returncode != 0
 
 
-def test_second_fetch_is_reused_and_fast(h, upstream, pin, workspace):
+def test_second_fetch_is_reused_without_touching_the_source(h, upstream, pin, workspace):
     first = sources.fetch(pin, workspace, h.mirror_spec(upstream))
-    started = time.monotonic()
-    # a source that cannot work proves the cache answered without touching it
+    # a source that cannot work (it would raise) proves the cache answered without touching it
     second = sources.fetch(pin, workspace, sources.SourceSpec.parse(str(workspace.root / "no-such-mirror")))
-    elapsed = time.monotonic() - started
     assert second.reused
     assert second.commit == upstream.c1
     assert second.tree == first.tree
     assert (second.source, second.detail) == ("mirror", str(upstream.path))
-    assert elapsed < 2.0
     assert head(h, second.tree) == upstream.c1
 
 

@@ -306,6 +306,10 @@ static int run(int argc, char ** argv) {
         j["status"]         = common_spec_prefill_status_name(res.status);
         j["reason"]         = res.reason;
         j["n_windows"]      = res.n_windows;
+        j["windows"]        = common_json::array();
+        for (const auto & w : res.windows) {
+            j["windows"].push_back(common_json::array({ w.begin, w.end }));
+        }
         j["n_parallel"]     = res.n_parallel;
         j["n_rows"]         = res.n_rows;
         j["n_layers"]       = res.n_layers;
