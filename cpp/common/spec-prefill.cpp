@@ -811,7 +811,8 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         return full(COMMON_SPEC_PREFILL_FAILED, string_format("cannot create a draft context of %d x %d cells",
                 plan.n_seq, plan.n_cells));
     }
-    res.t_setup_ms = (ggml_time_us() - t_setup) / 1000.0;
+    res.t_setup_ms    = (ggml_time_us() - t_setup) / 1000.0;
+    res.n_draft_cells = sp->ctx_n_seq * sp->ctx_n_cells;
 
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();

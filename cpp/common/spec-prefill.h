@@ -45,6 +45,7 @@ struct common_spec_prefill_result {
     std::vector<common_spec_prefill_window> windows; // the scored windows' own spans of the prompt, in order
     int32_t n_windows  = 0; // scored windows
     int32_t n_parallel = 0; // windows scored side by side as sequences of one batch
+    int32_t n_draft_cells = 0; // KV cells of the draft context that scored it, over all its sequences
     int32_t n_rows     = 0; // query rows used, over all windows
     int32_t n_layers   = 0; // draft layers whose rows were used
     std::string reduced_on; // where the rows were reduced: a device ("CUDA0"), "host", or both ("CUDA0+host")

@@ -374,7 +374,7 @@ def test_a_scoring_failure_falls_back_to_a_full_prefill(server_factory, bpe_mode
     body = complete(server, prompt, id_slot=0)
     sp = spec(body)
     assert sp["status"] == "error_fallback", sp
-    assert "non-finite" in sp["reason"] or "empty" in sp["reason"], sp
+    assert sp["reason"].startswith("scoring failed: layer"), sp  # NaN weights in the attention rows
     assert body["timings"]["prompt_n"] == sp["n_prompt"] == sp["n_kept"]
     plain = server_factory(["-m", bpe_models["target"], "--device", "none", "-c", "16384"])
     assert body["content"] == complete(plain, prompt)["content"]  # the fallback is a real full prefill
@@ -422,3 +422,43 @@ def test_a_follow_up_after_an_idle_purge(server_factory, bpe_models):
     assert follow["timings"]["cache_n"] >= first["n_prompt"] - 1, (follow["timings"], first)
     assert sp["status"] == "active" and sp["n_reused"] >= first["n_prompt"] - 1, sp
     assert sp["n_kept"] < sp["n_prompt"] - 1000, sp  # the reused prefix is still the sparse one
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "gemma3"], ids=["hybrid-imrope", "sliding-window"])
+def test_hybrid_and_sliding_window_targets(server_factory, tiny_models, arch):
+    """A hybrid (recurrent + attention, IMROPE) and a sliding-window target behind the server: the sparse prefill
+    goes through the batch loop, a retry and a follow-up are served (reusing what the memory allows), and nothing
+    fails. Their trained context is 256 tokens, so the prompts are short and min_tokens low."""
+    from harness import words_prompt
+
+    model = tiny_models[arch]
+    server = server_factory(["-m", model, "-mpd", model, "--device", "none", "-c", "256", "-np", "1",
+                             "--spec-prefill-p", "0.3", "--spec-prefill-min-tokens", "64",
+                             "--spec-prefill-keep-last", "32", "--spec-prefill-chunk", "16", "--slots"])
+    prompt = words_prompt(150, seed=40)
+    first = complete(server, prompt)
+    sp = spec(first)
+    assert sp["status"] == "active" and sp["n_kept"] < sp["n_prompt"], sp
+    assert first["timings"]["prompt_n"] == sp["n_kept"]
+    retry = spec(complete(server, prompt))
+    assert retry["status"] in ("reused", "active"), retry  # a recurrent state cannot roll back: scored again
+    follow = complete(server, prompt + " " + words_prompt(40, seed=41))
+    assert spec(follow)["status"] in ("active", "reused", "skipped_min_tokens"), spec(follow)
+    assert server.request("GET", "/health").status_code == 200
+
+
+def test_cache_reuse_shifts_a_sparse_kv_and_keeps_it_known_as_sparse(server_factory, bpe_models):
+    """--cache-reuse moves cached chunks to their new positions by KV shifting; the dropped positions move with them,
+    and a request that asks for a full prefill gets one over the first dropped position."""
+    server = server_factory(spec_args(bpe_models, "--cache-reuse", "64"))
+    body = words(3000, seed=50)
+    first = spec(complete(server, "intro " + body, id_slot=0, n_cache_reuse=64))
+    assert first["status"] == "active"
+    shifted = complete(server, "another longer intro " + body, id_slot=0, n_cache_reuse=64,
+                       spec_prefill={"enabled": False})
+    sp = spec(shifted)
+    assert sp["status"] == "disabled"
+    # nothing sparse was built on: the slot's KV is dense again, every prompt position present
+    kv = slot_state(server, 0)
+    assert kv["kv_first_gap"] == -1, kv
+    assert kv["n_kv_positions"] == sp["n_prompt"] + shifted["tokens_predicted"] - 1, (kv, sp)

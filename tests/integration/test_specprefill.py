@@ -255,3 +255,33 @@ def test_draft_from_hugging_face_offline_says_what_is_missing(tool, tiny_models)
                       prompt="alpha beta")
     assert result.returncode != 0
     assert "ggml-org/no-such-draft-GGUF" in result.stderr and "--offline" in result.stderr
+
+
+def test_the_draft_context_holds_to_its_cap(tool, tiny_models):
+    """--spec-prefill-ctx caps the draft's KV cells over all its sequences (it once padded past it, up to 2x)."""
+    for cap in (1024, 1536):
+        report = run_tool(tool, tiny_models["llama"], "--spec-prefill-ctx", str(cap))
+        assert report["status"] == "sparse", report["reason"]
+        assert report["n_windows"] >= 2
+        assert 0 < report["draft_cells"] <= cap, (cap, report["draft_cells"])
+
+
+def test_a_small_ubatch_caps_the_windows_side_by_side(tool, tiny_models):
+    """A query step puts one token per window into one ubatch: never more windows side by side than -ub."""
+    report = run_tool(tool, tiny_models["llama"], "--spec-prefill-window", "256", "-ub", "4", "-b", "512")
+    assert report["status"] == "sparse", report["reason"]
+    assert report["n_windows"] > 4
+    assert report["n_parallel"] <= 4
+
+
+def test_a_scoring_failure_prefills_in_full_and_says_why(tool, bpe_models, nan_draft):
+    """A draft whose attention rows are not finite (NaN weights): the tool prefills the whole prompt, and its output
+    is the baseline's."""
+    result = tool.run("-m", bpe_models["target"], "-mpd", nan_draft, *CPU, "-c", "8192", "-n", "6", "--temp", "0",
+                      "--spec-prefill-min-tokens", "256", "--baseline", prompt=" ".join(bench.WORDS * 20))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.report
+    assert report["status"] == "failed"
+    assert report["reason"].startswith("scoring failed: layer"), report["reason"]  # NaN weights in the rows
+    assert report["kept"] == list(range(report["n_prompt"]))
+    assert report["run"]["text"] == report["baseline"]["text"]

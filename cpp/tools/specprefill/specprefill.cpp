@@ -311,6 +311,7 @@ static int run(int argc, char ** argv) {
             j["windows"].push_back(common_json::array({ w.begin, w.end }));
         }
         j["n_parallel"]     = res.n_parallel;
+        j["draft_cells"]    = res.n_draft_cells;
         j["n_rows"]         = res.n_rows;
         j["n_layers"]       = res.n_layers;
         j["reduced_on"]     = res.reduced_on;

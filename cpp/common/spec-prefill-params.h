@@ -1,0 +1,24 @@
+#pragma once
+
+// The selection settings of speculative prefill, alone in a header of their own: common.h holds them in
+// common_params, so this is all that every file including common.h sees of the feature (spec-prefill-select.h has the
+// functions).
+
+#include <cstdint>
+
+enum common_spec_prefill_select_mode {
+    COMMON_SPEC_PREFILL_SELECT_KEEP = 0, // the top fraction `keep` of the chunks
+    COMMON_SPEC_PREFILL_SELECT_MASS = 1, // the highest chunks until they hold `mass` of the total score
+};
+
+struct common_spec_prefill_select_params {
+    enum common_spec_prefill_select_mode mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
+
+    float   keep       = 0.3f;  // keep mode: fraction of chunks, in (0, 1]
+    float   mass       = 0.85f; // mass mode: share of the score mass, in (0, 1]
+    int32_t chunk_size = 32;    // tokens per chunk; 0 or 1 selects single tokens
+    int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
+    int32_t keep_last  = 64;    // always kept: the last tokens, at least one chunk (template closers, the question)
+    int32_t max_keep   = 0;     // > 0: keep at most this many tokens (the always-kept ones even beyond it), taking
+                                // the highest-scoring chunks that still fit (for small-memory targets)
+};
