@@ -16,6 +16,7 @@
 // worker thread of its own (tools/server/server-specprefill.cpp).
 
 #include "common.h"
+#include "spec-prefill-select.h"
 
 #include <atomic>
 #include <string>

@@ -434,7 +434,8 @@ def test_hybrid_and_sliding_window_targets(server_factory, tiny_models, arch):
     model = tiny_models[arch]
     server = server_factory(["-m", model, "-mpd", model, "--device", "none", "-c", "256", "-np", "1",
                              "--spec-prefill-p", "0.3", "--spec-prefill-min-tokens", "64",
-                             "--spec-prefill-keep-last", "32", "--spec-prefill-chunk", "16", "--slots"])
+                             "--spec-prefill-keep-last", "32", "--spec-prefill-chunk", "16", "--spec-prefill-ctx", "1024",
+                             "--slots"])
     prompt = words_prompt(150, seed=40)
     first = complete(server, prompt)
     sp = spec(first)
