@@ -24,7 +24,8 @@ _BACKEND_ARGS: dict[str, dict[str, str]] = {
 _PORTABLE_X86 = {"GGML_AVX": "ON", "GGML_AVX2": "ON", "GGML_FMA": "ON", "GGML_F16C": "ON", "GGML_BMI2": "ON"}
 
 PRODUCT_TARGETS = ("llama-server", "llama-specprefill")
-TEST_HELPER_TARGETS = ("test-llama-archs", "test-batch-alloc")
+# the tests write tiny models (test-llama-archs), check the batch validator, and make a second quantisation of a model
+TEST_HELPER_TARGETS = ("test-llama-archs", "test-batch-alloc", "llama-quantize")
 
 
 @dataclass

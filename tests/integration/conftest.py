@@ -90,6 +90,16 @@ def gemma() -> Path:
     return Path(assembler.assemble())
 
 
+@pytest.fixture(scope="session")
+def gemma_q4_0(build: Build, gemma: Path, workspace: Workspace) -> Path:
+    """The same Gemma 3 270M requantised to Q4_0 by the tree's llama-quantize: a draft that differs from the target."""
+    path = workspace.models_dir / "gemma-3-270m-q4_0.gguf"
+    if not path.exists():
+        subprocess.run([build.binary("llama-quantize"), "--allow-requantize", gemma, path, "Q4_0"], check=True,
+                       capture_output=True, timeout=600)
+    return path
+
+
 @pytest.fixture
 def tool(build: Build, tmp_path: Path) -> SpecPrefillTool:
     return SpecPrefillTool(build.binary("llama-specprefill"), tmp_path)
