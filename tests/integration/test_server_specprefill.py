@@ -400,7 +400,8 @@ def test_a_prompt_over_the_context_is_refused_and_the_server_goes_on(server_fact
 
 
 def test_sleeping_frees_the_scorer_and_waking_rebuilds_it(server_factory, bpe_models):
-    server = server_factory(spec_args(bpe_models, "--sleep-idle-seconds", "1"))
+    server = server_factory(spec_args(bpe_models, "--sleep-idle-seconds", "1", "--spec-prefill-ctx", "20480",
+                                      n_ctx=2 * 20480))
     assert spec(complete(server, words(2000, seed=28)))["status"] == "active"
     deadline = time.monotonic() + 30
     while not server.request("GET", "/props").json()["is_sleeping"] and time.monotonic() < deadline:
@@ -408,6 +409,9 @@ def test_sleeping_frees_the_scorer_and_waking_rebuilds_it(server_factory, bpe_mo
     assert server.request("GET", "/props").json()["is_sleeping"]
     assert spec(complete(server, words(2000, seed=29)))["status"] == "active"
     assert server.log_tail().count("spec-prefill: prefill draft") >= 1
+    # a scoring longer than the idle timeout: the server must not fall asleep under the slot that waits for it
+    long = spec(complete(server, words(18000, seed=33)))
+    assert long["status"] == "active" and long["score_ms"] > 1000, long
 
 
 def test_a_follow_up_after_an_idle_purge(server_factory, bpe_models):

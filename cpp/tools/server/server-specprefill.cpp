@@ -4,6 +4,7 @@
 #include "../../src/llama-ext.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -238,12 +239,12 @@ struct server_spec_prefill {
     common_params_spec_prefill params;
     common_spec_prefill * core = nullptr;
 
-    std::function<void()> wake;
-
     std::thread worker;
     std::mutex mutex;
-    std::condition_variable cv;
+    std::condition_variable cv;      // a job was queued, or stop
+    std::condition_variable cv_done; // a job ended
     std::deque<std::shared_ptr<server_spec_prefill_job>> queue;
+    uint64_t n_done = 0;
     bool stop = false;
 
     // throughputs the server measured itself, in tokens per ms (0: not yet known); loop thread only
@@ -271,8 +272,21 @@ static void spec_prefill_worker_loop(server_spec_prefill * sp) {
         }
         job->t_end_us = ggml_time_us();
         job->done.store(true, std::memory_order_release);
-        sp->wake();
+        {
+            std::unique_lock<std::mutex> lock(sp->mutex);
+            sp->n_done++;
+        }
+        sp->cv_done.notify_all();
     }
+}
+
+void server_spec_prefill_wait(server_spec_prefill * sp, int32_t timeout_ms) {
+    if (!sp) {
+        return;
+    }
+    std::unique_lock<std::mutex> lock(sp->mutex);
+    const uint64_t n_done = sp->n_done;
+    sp->cv_done.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return sp->n_done != n_done || sp->stop; });
 }
 
 static std::string spec_prefill_devices_str(const std::vector<ggml_backend_dev_t> & devices) {
@@ -286,7 +300,7 @@ static std::string spec_prefill_devices_str(const std::vector<ggml_backend_dev_t
 }
 
 server_spec_prefill * server_spec_prefill_init(const common_params & params, llama_context * ctx_tgt,
-        int32_t n_ctx_slot, std::function<void()> wake, std::string & error) {
+        int32_t n_ctx_slot, std::string & error) {
     const auto & types = params.speculative.types;
     const bool spec_decoding = std::any_of(types.begin(), types.end(),
             [](common_speculative_type t) { return t != COMMON_SPECULATIVE_TYPE_NONE; });
@@ -297,7 +311,6 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
     }
     auto * sp = new server_spec_prefill;
     sp->params = params.spec_prefill;
-    sp->wake   = std::move(wake);
 
     sp->core = common_spec_prefill_init(params, llama_get_model(ctx_tgt), error);
     if (!sp->core) {

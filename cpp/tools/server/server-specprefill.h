@@ -21,7 +21,6 @@
 #include "spec-prefill.h"
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,10 +119,13 @@ struct server_spec_prefill_slot {
 };
 
 // Loads the prefill draft and starts the scorer. Refuses what it cannot serve yet (speculative decoding, a draft of
-// another vocabulary). wake: called from the worker thread after each scoring, to wake the server loop.
-// nullptr on failure, `error` says why.
+// another vocabulary). nullptr on failure, `error` says why.
 server_spec_prefill * server_spec_prefill_init(const common_params & params, llama_context * ctx_tgt,
-        int32_t n_ctx_slot, std::function<void()> wake, std::string & error);
+        int32_t n_ctx_slot, std::string & error);
+
+// when every busy slot waits for its scores: block up to timeout_ms, or until a scoring ends, so that the server loop
+// neither spins nor looks idle (it must not fall asleep under a slot that is being scored)
+void server_spec_prefill_wait(server_spec_prefill * sp, int32_t timeout_ms);
 
 void server_spec_prefill_free(server_spec_prefill * sp);
 
