@@ -17,6 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from spbuild.server import ServerProcess
+except ImportError:  # run as a script on a machine without the package: python3 orchestrator/spbuild/bench.py
+    from server import ServerProcess  # type: ignore[no-redef]
+
 # llama-architecture shapes: the target and draft sizes measured in docs/benchmarks.md, and a tiny one for testing
 SHAPES: dict[str, dict[str, int]] = {
     "8b": {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336},
@@ -219,56 +224,34 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
     return rows
 
 
-class _Server:
-    """A llama-server for the benchmark: started, waited for, stopped; its log in out_dir."""
+def _ttft(server: ServerProcess, prompt: str, fields: dict) -> tuple[float, dict]:
+    """Client-side time to the first streamed token of a completion, and the final chunk's timings."""
+    import requests
 
-    def __init__(self, binary: Path, args: list[str], log: Path, port: int) -> None:
-        import requests
+    body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "stream": True, "cache_prompt": False, **fields}
+    started = time.monotonic()
+    first = None
+    timings: dict = {}
+    with requests.post(f"{server.url}/completion", json=body, stream=True, timeout=TIMEOUT_S) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("content"):
+                first = time.monotonic()
+            timings = chunk.get("timings", timings)
+    return ((first or time.monotonic()) - started) * 1e3, timings
 
-        self.url = f"http://127.0.0.1:{port}"
-        self._log = log.open("w")
-        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{binary} exited with {self.proc.returncode}, see {log}")
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"{binary} not ready after 600 s, see {log}")
 
-    def ttft(self, prompt: str, fields: dict) -> tuple[float, dict]:
-        """Client-side time to the first streamed token, and the final chunk's timings."""
-        import requests
-
-        body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "stream": True, "cache_prompt": False, **fields}
-        started = time.monotonic()
-        first = None
-        timings: dict = {}
-        with requests.post(f"{self.url}/completion", json=body, stream=True, timeout=1800) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                if first is None and chunk.get("content"):
-                    first = time.monotonic()
-                timings = chunk.get("timings", timings)
-        return ((first or time.monotonic()) - started) * 1e3, timings
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._log.close()
+def _started(binary: Path, args: list[str], log: Path) -> ServerProcess:
+    server = ServerProcess(binary, args, log=log)
+    try:
+        server.wait_ready(600)
+    except (RuntimeError, TimeoutError):
+        server.stop()
+        raise
+    return server
 
 
 def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, p: float, out_dir: Path,
@@ -279,7 +262,6 @@ def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], windo
     context, windows of `window` tokens above 64K."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    port = 18080
     for n in sizes:
         prompt = make_prompt(n)
         prompt_file = out_dir / f"prompt-{n}.txt"
@@ -291,26 +273,24 @@ def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], windo
         common = ["-m", str(target), "-c", str(n + 512), "-np", "1", *server_args]
         warm = make_prompt(2048, seed=7)
 
-        def best(server: _Server, fields: dict) -> tuple[float, dict]:
-            server.ttft(warm, fields)
-            runs = [server.ttft(prompt, fields) for _ in range(repeat)]
+        def best(server: ServerProcess, fields: dict) -> tuple[float, dict]:
+            _ttft(server, warm, fields)
+            runs = [_ttft(server, prompt, fields) for _ in range(repeat)]
             return min(runs, key=lambda r: r[0])
 
-        server = _Server(bin_dir / "llama-server", common + spec_args, out_dir / f"server-{n}.log", port)
+        server = _started(bin_dir / "llama-server", common + spec_args, out_dir / f"server-{n}.log")
         try:
             on_ms, on_timings = best(server, {})
             off_ms, off_timings = best(server, {"spec_prefill": {"enabled": False}})
         finally:
             server.stop()
-        port += 1
         unpatched_ms = float("nan")
         if unpatched_bin:
-            plain = _Server(unpatched_bin / "llama-server", common, out_dir / f"server-unpatched-{n}.log", port)
+            plain = _started(unpatched_bin / "llama-server", common, out_dir / f"server-unpatched-{n}.log")
             try:
                 unpatched_ms, _ = best(plain, {})
             finally:
                 plain.stop()
-            port += 1
         report = out_dir / f"tool-{n}.json"
         tool_argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-f", str(prompt_file), "-c", str(n + 512),
                      "-n", "4", "--temp", "0", "--baseline", "--repeat", str(repeat), "--json", str(report),

@@ -6,17 +6,15 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import requests
 
 from spbuild.build import BuildRecord
 from spbuild.cmake import PRODUCT_TARGETS
+from spbuild.server import ServerProcess  # noqa: F401 - the tests take it from here
 
 # test-llama-archs saves random tiny models per architecture: a plain-RoPE one, a hybrid IMROPE one, a sliding-window one
 TINY_ARCHS = {"llama": "llama-dense", "qwen35": "qwen35-dense", "gemma3": "gemma3-dense"}
@@ -91,52 +89,6 @@ class SpecPrefillTool:
                               env={**os.environ, **(env or {})})
         data = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
         return ToolRun(proc.returncode, proc.stdout, proc.stderr, data)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A llama-server on a free local port, in the manner of upstream's tools/server/tests/utils.py."""
-
-    def __init__(self, binary: Path, args: list[str], env: dict[str, str] | None = None, log: Path | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        out = log.open("w") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(self.port), *args],
-                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"llama-server not ready after {timeout} s: {self.log_tail()}")
-
-    def log_tail(self) -> str:
-        return self.log.read_text()[-3000:] if self.log and self.log.exists() else ""
-
-    def request(self, method: str, path: str, data: dict | None = None, timeout: float = 600) -> requests.Response:
-        return requests.request(method, f"{self.url}{path}", json=data, timeout=timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def lavapipe_available() -> bool:
