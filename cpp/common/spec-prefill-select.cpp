@@ -1,8 +1,11 @@
 #include "spec-prefill-select.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode) {
@@ -11,6 +14,95 @@ const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_selec
         case COMMON_SPEC_PREFILL_SELECT_MASS: return "mass";
     }
     return nullptr;
+}
+
+//
+// thread pool
+//
+
+struct common_spec_prefill_pool {
+    std::vector<std::thread> workers;
+
+    std::mutex mutex;
+    std::condition_variable cv_start;
+    std::condition_variable cv_done;
+    uint64_t generation = 0; // a new run
+    int32_t  n_busy     = 0; // workers still in the current run
+    bool     stop       = false;
+
+    const std::function<void(int32_t)> * f = nullptr;
+    int32_t n = 0;
+    std::atomic<int32_t> next { 0 };
+
+    // take indices until none are left
+    void work() {
+        for (int32_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+            (*f)(i);
+        }
+    }
+};
+
+common_spec_prefill_pool * common_spec_prefill_pool_init(int32_t n_threads) {
+    auto * pool = new common_spec_prefill_pool;
+    for (int32_t t = 1; t < std::max(1, n_threads); ++t) {
+        pool->workers.emplace_back([pool]() {
+            uint64_t seen = 0;
+            while (true) {
+                {
+                    std::unique_lock<std::mutex> lock(pool->mutex);
+                    pool->cv_start.wait(lock, [&] { return pool->stop || pool->generation != seen; });
+                    if (pool->stop) {
+                        return;
+                    }
+                    seen = pool->generation;
+                }
+                pool->work();
+                {
+                    std::unique_lock<std::mutex> lock(pool->mutex);
+                    pool->n_busy--;
+                }
+                pool->cv_done.notify_one();
+            }
+        });
+    }
+    return pool;
+}
+
+void common_spec_prefill_pool_free(common_spec_prefill_pool * pool) {
+    if (!pool) {
+        return;
+    }
+    {
+        std::unique_lock<std::mutex> lock(pool->mutex);
+        pool->stop = true;
+    }
+    pool->cv_start.notify_all();
+    for (auto & w : pool->workers) {
+        w.join();
+    }
+    delete pool;
+}
+
+void common_spec_prefill_pool_run(common_spec_prefill_pool * pool, int32_t n, const std::function<void(int32_t)> & f) {
+    if (n <= 1 || pool->workers.empty()) {
+        for (int32_t i = 0; i < n; ++i) {
+            f(i);
+        }
+        return;
+    }
+    {
+        std::unique_lock<std::mutex> lock(pool->mutex);
+        pool->f = &f;
+        pool->n = n;
+        pool->next = 0;
+        pool->n_busy = (int32_t) pool->workers.size();
+        pool->generation++;
+    }
+    pool->cv_start.notify_all();
+    pool->work();
+    std::unique_lock<std::mutex> lock(pool->mutex);
+    pool->cv_done.wait(lock, [&] { return pool->n_busy == 0; });
+    pool->f = nullptr;
 }
 
 //
@@ -32,30 +124,6 @@ struct common_spec_prefill_scores {
 
 // work (heads x keys) below this is not worth a thread
 static constexpr int64_t SCORES_WORK_PER_THREAD = 1 << 17;
-
-// f(thread, i0, i1) over [0, n) split into at most n_threads contiguous parts
-template <typename F>
-static void parallel_for(int64_t n, int32_t n_threads, F && f) {
-    const int64_t n_parts = std::max<int64_t>(1, std::min<int64_t>(n_threads, n));
-    if (n_parts <= 1) {
-        f(0, 0, n);
-        return;
-    }
-    std::vector<std::thread> workers;
-    workers.reserve(n_parts - 1);
-    const int64_t step = (n + n_parts - 1) / n_parts;
-    for (int64_t t = 1; t < n_parts; ++t) {
-        const int64_t i0 = t*step;
-        const int64_t i1 = std::min(n, i0 + step);
-        if (i0 < i1) {
-            workers.emplace_back([&f, t, i0, i1]() { f((int32_t) t, i0, i1); });
-        }
-    }
-    f(0, 0, std::min(n, step));
-    for (auto & w : workers) {
-        w.join();
-    }
-}
 
 // pooled[j] for j in [0, n) of a span: mean of p[i] over i in [j - left, j + right] clipped to the span, folded
 // into out[j] as max(out[j], pooled[j] * scale)
@@ -123,6 +191,32 @@ void common_spec_prefill_scores_begin_row(common_spec_prefill_scores * sc) {
     }
 }
 
+int32_t common_spec_prefill_scores_n_parts(const common_spec_prefill_scores * sc, int64_t n_head, int64_t n_norm) {
+    const int64_t work = n_head * std::max(sc->n_keys, n_norm);
+    return (int32_t) std::max<int64_t>(1, std::min<int64_t>({ sc->n_threads, n_head, work / SCORES_WORK_PER_THREAD }));
+}
+
+void common_spec_prefill_scores_add_heads_part(
+        common_spec_prefill_scores * sc,
+        const float * probs,
+        int64_t n_head,
+        int64_t row_stride,
+        int64_t key0,
+        int64_t n_norm,
+        int32_t part,
+        int32_t n_parts) {
+    const int64_t step = (n_head + n_parts - 1) / n_parts;
+    float * out = sc->row_max[part].data();
+    for (int64_t h = part*step; h < std::min(n_head, (part + 1)*step); ++h) {
+        const float * row = probs + h*row_stride;
+        // renormalised over the row's prompt keys
+        const double z = row_sum(row, n_norm);
+        if (z > 0.0) {
+            pool_max(row + key0, sc->n_keys, sc->pool_kernel, 1.0/z, out);
+        }
+    }
+}
+
 void common_spec_prefill_scores_add_heads(
         common_spec_prefill_scores * sc,
         const float * probs,
@@ -130,19 +224,16 @@ void common_spec_prefill_scores_add_heads(
         int64_t row_stride,
         int64_t key0,
         int64_t n_norm) {
-    const int64_t work    = n_head * std::max(sc->n_keys, n_norm);
-    const int32_t threads = (int32_t) std::min<int64_t>(sc->n_threads, std::max<int64_t>(1, work / SCORES_WORK_PER_THREAD));
-    parallel_for(n_head, threads, [&](int32_t t, int64_t h0, int64_t h1) {
-        float * out = sc->row_max[t].data();
-        for (int64_t h = h0; h < h1; ++h) {
-            const float * row = probs + h*row_stride;
-            // renormalised over the row's prompt keys
-            const double z = row_sum(row, n_norm);
-            if (z > 0.0) {
-                pool_max(row + key0, sc->n_keys, sc->pool_kernel, 1.0/z, out);
-            }
-        }
-    });
+    const int32_t n_parts = common_spec_prefill_scores_n_parts(sc, n_head, n_norm);
+    std::vector<std::thread> workers;
+    for (int32_t t = 1; t < n_parts; ++t) {
+        workers.emplace_back(common_spec_prefill_scores_add_heads_part, sc, probs, n_head, row_stride, key0, n_norm, t,
+                n_parts);
+    }
+    common_spec_prefill_scores_add_heads_part(sc, probs, n_head, row_stride, key0, n_norm, 0, n_parts);
+    for (auto & w : workers) {
+        w.join();
+    }
 }
 
 void common_spec_prefill_scores_add_max(common_spec_prefill_scores * sc, const float * values) {

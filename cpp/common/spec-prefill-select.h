@@ -9,6 +9,7 @@
 #include "spec-prefill-params.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 // "keep" or "mass"; nullptr for an unknown mode
@@ -24,8 +25,20 @@ const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_selec
 // the span's score is the mean of those maxima over the rows.
 struct common_spec_prefill_scores;
 
+// A fixed set of worker threads, made once and reused, so that scoring a query step starts no threads of its own.
+// One run at a time: f must not run the pool again.
+struct common_spec_prefill_pool;
+
+struct common_spec_prefill_pool * common_spec_prefill_pool_init(int32_t n_threads);
+
+void common_spec_prefill_pool_free(struct common_spec_prefill_pool * pool);
+
+// f(i) for every i in [0, n), on the pool's threads and the caller's; returns when all are done
+void common_spec_prefill_pool_run(struct common_spec_prefill_pool * pool, int32_t n, const std::function<void(int32_t)> & f);
+
 // pool_kernel <= 1 disables pooling; n_threads > 1 splits long spans across threads
 struct common_spec_prefill_scores * common_spec_prefill_scores_init(int32_t n_keys, int32_t pool_kernel, int32_t n_threads);
+
 
 void common_spec_prefill_scores_free(struct common_spec_prefill_scores * sc);
 
@@ -42,6 +55,20 @@ void common_spec_prefill_scores_add_heads(
         int64_t row_stride,
         int64_t key0,
         int64_t n_norm);
+
+// common_spec_prefill_scores_add_heads in parts that may run at the same time (on a common_spec_prefill_pool, beside
+// other scorers' parts): how many parts the scorer splits these heads into, and part `part` of them
+int32_t common_spec_prefill_scores_n_parts(const struct common_spec_prefill_scores * sc, int64_t n_head, int64_t n_norm);
+
+void common_spec_prefill_scores_add_heads_part(
+        struct common_spec_prefill_scores * sc,
+        const float * probs,
+        int64_t n_head,
+        int64_t row_stride,
+        int64_t key0,
+        int64_t n_norm,
+        int32_t part,
+        int32_t n_parts);
 
 // fold values already renormalised, pooled and max-reduced elsewhere (spec-prefill-graph.h) into the current row:
 // values[j] for the span's key j

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 // every window after the first also starts with the prompt's first tokens: they take the attention-sink role BOS
@@ -83,6 +82,7 @@ struct common_spec_prefill {
     std::vector<int32_t>             step_layers;  // next decode, and their layers
     std::vector<float> buf;
     std::string capture_error;
+    common_spec_prefill_pool * pool = nullptr;   // threads for reading rows on the host, made once
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
     bool graph_failed = false;                   // the backend cannot run it: host scoring from then on
     bool graph_off_prompt = false;               // its checks failed on this prompt: host scoring for the rest of it
@@ -168,27 +168,26 @@ static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_te
         }
     }
 
-    // the windows' rows are independent: score them side by side (each window's scorer splits its heads across the
-    // threads it was given, which is all of them when there is one window)
-    const int32_t n_workers = std::max(1, std::min<int32_t>((int32_t) n_stream, sp->n_threads_batch));
-    std::vector<std::thread> workers;
-    auto score_streams = [&](int32_t w) {
-        for (int64_t s = w; s < n_stream; s += n_workers) {
-            spec_prefill_stream & st = sp->streams[s];
-            if (!st.done) {
-                common_spec_prefill_scores_add_heads(st.scores, sp->buf.data() + s*n_head*n_kv, n_head, n_kv, st.key0,
-                        st.n_norm);
-                st.n_added++;
+    // the windows' rows are independent, and each window's heads split into parts: all the parts of all the windows
+    // run side by side on the context's thread pool
+    std::vector<std::pair<int32_t, int32_t>> tasks; // (stream, part)
+    std::vector<int32_t> n_parts(n_stream, 0);
+    for (int64_t s = 0; s < n_stream; ++s) {
+        spec_prefill_stream & st = sp->streams[s];
+        if (!st.done) {
+            n_parts[s] = common_spec_prefill_scores_n_parts(st.scores, n_head, st.n_norm);
+            for (int32_t t = 0; t < n_parts[s]; ++t) {
+                tasks.emplace_back((int32_t) s, t);
             }
+            st.n_added++;
         }
-    };
-    for (int32_t w = 1; w < n_workers; ++w) {
-        workers.emplace_back(score_streams, w);
     }
-    score_streams(0);
-    for (auto & worker : workers) {
-        worker.join();
-    }
+    common_spec_prefill_pool_run(sp->pool, (int32_t) tasks.size(), [&](int32_t i) {
+        const auto [s, t] = tasks[i];
+        const spec_prefill_stream & st = sp->streams[s];
+        common_spec_prefill_scores_add_heads_part(st.scores, sp->buf.data() + (int64_t) s*n_head*n_kv, n_head, n_kv,
+                st.key0, st.n_norm, t, n_parts[s]);
+    });
     sp->layer_seen[il] = 1;
     sp->n_reads_host++;
     return true;
@@ -392,13 +391,14 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->model           = std::move(model);
     sp->layer_usable.assign(sp->n_layer, 0);
     sp->layer_seen.assign(sp->n_layer, 0);
+    sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
 
     const int32_t n_window_min = spp.window > 0 ? spp.window + SPEC_PREFILL_N_SINK + spp.lookahead : 512;
     if (sp->n_ctx_max < n_window_min) {
         error = string_format("speculative prefill: the draft context (--spec-prefill-ctx, default: the draft's trained "
                 "context) holds %d tokens, fewer than the %d a window needs; raise --spec-prefill-ctx", sp->n_ctx_max,
                 n_window_min);
-        delete sp;
+        common_spec_prefill_free(sp);
         return nullptr;
     }
 
@@ -410,6 +410,7 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
 void common_spec_prefill_free(common_spec_prefill * sp) {
     if (sp) {
         common_spec_prefill_graph_free(sp->graph);
+        common_spec_prefill_pool_free(sp->pool);
     }
     delete sp;
 }
