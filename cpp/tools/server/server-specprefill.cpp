@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
