@@ -181,6 +181,20 @@ def verify_sdist(path: Path, mirror: PypiMirror, rename_to: Path | None = None) 
     return path
 
 
+def _extract_safely(archive: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+    """Extract with tarfile's "data" filter where Python has it (3.11.4+, and some distributions' backports);
+    Debian 12's 3.11.2 lacks it, so there the same rules are checked here: plain files and folders inside dest."""
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(dest, members=members, filter="data")
+        return
+    for member in members:
+        parts = Path(member.name).parts
+        if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
+            raise VerificationError(f"refusing to extract {member.name!r} from {archive.name}: "
+                                    "not a plain file or folder inside the archive")
+    archive.extractall(dest, members=members)  # noqa: S202 - members checked above
+
+
 def extract_sdist_repo(sdist: Path, mirror: PypiMirror, dest: Path) -> Path:
     """Turn the sdist's vendored submodule git dir into a bare repository at `dest` (the tree files are not needed:
     the commit's objects are all there)."""
@@ -199,7 +213,7 @@ def extract_sdist_repo(sdist: Path, mirror: PypiMirror, dest: Path) -> Path:
         staging = dest.with_name(dest.name + ".staging")
         if staging.exists():
             shutil.rmtree(staging)
-        archive.extractall(staging, members=members, filter="data")
+        _extract_safely(archive, members, staging)
     (staging / prefix / mirror.gitdir).rename(dest)
     shutil.rmtree(staging)
     # The sdist builder's config points core.worktree at its own checkout and carries its CI's credential

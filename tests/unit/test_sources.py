@@ -3,7 +3,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import time
 from dataclasses import replace
 
 import pytest
@@ -237,3 +236,31 @@ def test_workspace_resolve_prefers_explicit(tmp_path):
 
 def test_spbuild_error_has_a_hint():
     assert SpbuildError("x", hint="y").hint == "y"
+
+
+def test_sdist_fetch_without_tarfile_filters(h, upstream, sdist, sdist_pin, workspace, monkeypatch):
+    """Debian 12's Python 3.11.2 has no tarfile extraction filters: the fetch still works there, checking the members
+    itself."""
+    import tarfile
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    result = sources.fetch(sdist_pin, workspace, sources.SourceSpec.parse(str(sdist)))
+    assert head(h, result.tree) == upstream.c1
+
+
+def test_an_sdist_with_a_link_out_of_the_tree_is_refused_without_filters(h, tmp_path, sdist, workspace, monkeypatch):
+    import io
+    import tarfile
+
+    evil = tmp_path / "evil" / sdist.name
+    evil.parent.mkdir()
+    with tarfile.open(sdist) as src, tarfile.open(evil, "w:gz") as dst:
+        for member in src:
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+        link = tarfile.TarInfo("pkg-1.0/.git/modules/vendor/llama.cpp/hooks/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        dst.addfile(link, io.BytesIO(b""))
+    monkeypatch.delattr(tarfile, "data_filter")
+    pin = Pin(url=str(tmp_path / "nope"), commit="0" * 40, pypi=h.mirror_for(evil, sha256_of(evil)))
+    with pytest.raises(SpbuildError, match="refusing to extract"):
+        sources.fetch(pin, workspace, sources.SourceSpec.parse(str(evil)))
