@@ -432,6 +432,11 @@ struct spec_prefill_plan {
     int32_t n_cells = 0; // cells per sequence
 };
 
+// the reused prefix a request names, within the prompt: at least its last token is scored
+static int32_t spec_prefill_n_past(const common_spec_prefill_request & req, int32_t n_prompt) {
+    return std::max(0, std::min(req.n_past, n_prompt - 1));
+}
+
 // the most windows scored side by side: a query step holds one token per window in one ubatch
 static int32_t spec_prefill_n_seq_max(const common_spec_prefill * sp) {
     return std::max<int32_t>(1, std::min<int32_t>((int32_t) llama_max_parallel_sequences(), sp->n_ubatch));
@@ -443,7 +448,7 @@ static int32_t spec_prefill_n_seq_max(const common_spec_prefill * sp) {
 static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, const llama_tokens & prompt,
         const common_spec_prefill_request & req) {
     const int32_t n_prompt   = (int32_t) prompt.size();
-    const int32_t n_past     = std::max(0, std::min(req.n_past, n_prompt - 1));
+    const int32_t n_past     = spec_prefill_n_past(req, n_prompt);
     const int32_t n_new      = n_prompt - n_past;
     const int32_t n_look     = sp->params.lookahead;
     const int32_t n_question = std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last);
@@ -455,11 +460,8 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     const int32_t window_max = std::max(256, budget - SPEC_PREFILL_N_SINK - n_question - n_look);
 
     int32_t window = req.window;
-    if (window <= 0 && n_sink0 + n_new + n_look > budget) {
-        window = window_max;
-    }
-    if (window > 0 && n_sink0 + n_new + n_look > budget) {
-        window = std::min(window, window_max);
+    if (n_sink0 + n_new + n_look > budget) {
+        window = window > 0 ? std::min(window, window_max) : window_max;
     }
 
     spec_prefill_plan plan;
@@ -533,9 +535,12 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
     }
 }
 
-static bool spec_prefill_abort_cb(void * data) {
-    const auto * sp = (const common_spec_prefill *) data;
+static bool spec_prefill_cancelled(const common_spec_prefill * sp) {
     return sp->cancel && sp->cancel->load(std::memory_order_relaxed);
+}
+
+static bool spec_prefill_abort_cb(void * data) {
+    return spec_prefill_cancelled((const common_spec_prefill *) data);
 }
 
 // (re)create the draft context when the plan needs more sequences or cells than the current one has; a prepared
@@ -654,7 +659,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         if (batch.n_tokens == 0) {
             return true;
         }
-        if (sp->cancel && sp->cancel->load()) {
+        if (spec_prefill_cancelled(sp)) {
             batch.n_tokens = 0;
             error = "cancelled";
             return false;
@@ -780,7 +785,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     common_spec_prefill_result res;
     res.n_prompt = (int32_t) prompt.size();
-    res.n_past   = std::max(0, std::min(req.n_past, res.n_prompt - 1));
+    res.n_past   = spec_prefill_n_past(req, res.n_prompt);
     auto full = [&](enum common_spec_prefill_status status, const std::string & reason) {
         res.status = status;
         res.reason = reason;
@@ -831,7 +836,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         }
         if (!spec_prefill_score_round(sp, round, res, error)) {
             res.scores.clear();
-            const bool cancelled = req.cancel && req.cancel->load();
+            const bool cancelled = spec_prefill_cancelled(sp);
             sp->cancel = nullptr;
             if (cancelled) {
                 return full(COMMON_SPEC_PREFILL_CANCELLED, "cancelled");

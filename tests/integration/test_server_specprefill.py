@@ -7,7 +7,6 @@ weights), made at test time; everything runs on the CPU backend."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import threading
 import time
@@ -16,18 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from spbuild.bench import WORDS
+# about n tokens of text: common words the llama-bpe tokenizer keeps whole
+from spbuild.bench import make_prompt as words
 
 pytestmark = pytest.mark.build
 
 P = 0.2
 MIN_TOKENS = 256
-
-
-def words(n: int, seed: int = 1) -> str:
-    """About n tokens of text (common words the llama-bpe tokenizer keeps whole)."""
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def spec_args(models, *extra: str, n_parallel: int = 2, n_ctx: int = 16384) -> list[str]:

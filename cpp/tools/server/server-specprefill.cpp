@@ -393,6 +393,15 @@ json server_spec_prefill_props(const common_params & params) {
 // per-slot verbs
 //
 
+// the first position in [0, limit) that `held` (sorted) lacks, or `limit` if none is missing
+static int32_t spec_prefill_first_gap(const std::vector<llama_pos> & held, int32_t limit) {
+    int32_t pos = 0;
+    while (pos < (int32_t) held.size() && pos < limit && held[pos] == pos) {
+        pos++;
+    }
+    return std::min(pos, limit);
+}
+
 int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
         llama_context * ctx_tgt, llama_seq_id seq, int32_t n_past) {
     slot.held.clear();
@@ -405,10 +414,7 @@ int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_
     if (slot.held.empty()) {
         return n_past; // no attention positions (recurrent memory): nothing to tell
     }
-    int32_t first_gap = 0;
-    while (first_gap < (int32_t) slot.held.size() && first_gap < n_past && slot.held[first_gap] == first_gap) {
-        first_gap++;
-    }
+    const int32_t first_gap = spec_prefill_first_gap(slot.held, n_past);
     if (first_gap < n_past && (!params.enabled || slot.sp->params.reuse_exact)) {
         // a full prefill must not stand on a sparse KV; exact reuse keeps only the dense part
         return first_gap;
@@ -418,7 +424,6 @@ int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_
 
 // how much of the prefix [0, n_past) the KV holds, once the server has settled n_past
 static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_past) {
-    slot.n_past      = n_past;
     slot.n_held_past = n_past;
     slot.past_sparse = false;
     if (n_past > 0 && !slot.held.empty()) {
@@ -496,7 +501,6 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
 
     auto job = std::make_shared<server_spec_prefill_job>();
     job->prompt = prompt;
-    job->req    = common_spec_prefill_default_request(sp->core);
     job->req.select     = params.select;
     job->req.min_tokens = params.min_tokens;
     job->req.window     = params.window;
@@ -599,10 +603,7 @@ void server_spec_prefill_release(server_spec_prefill_slot & slot, llama_context 
 
     // for /slots, read here rather than there: /slots may be answered while the loop decodes into this KV
     const std::vector<llama_pos> pos = llama_memory_seq_positions(llama_get_memory(ctx_tgt), seq);
-    int32_t first_gap = 0;
-    while (first_gap < (int32_t) pos.size() && pos[first_gap] == first_gap) {
-        first_gap++;
-    }
+    const int32_t first_gap = pos.empty() ? 0 : spec_prefill_first_gap(pos, pos.back() + 1);
     slot.kv_n_pos     = (int32_t) pos.size();
     slot.kv_pos_max   = pos.empty() ? -1 : pos.back();
     slot.kv_first_gap = first_gap == (int32_t) pos.size() ? -1 : first_gap;

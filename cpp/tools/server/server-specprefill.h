@@ -103,7 +103,6 @@ struct server_spec_prefill_slot {
     std::shared_ptr<server_spec_prefill_job> job; // scoring queued or running
 
     bool    sparse      = false; // the new tokens are prefilled sparsely: only `kept`
-    int32_t n_past      = 0;
     int32_t n_held_past = 0;     // positions below n_past the KV holds (fewer than n_past if the prefix is sparse)
     bool    past_sparse = false;
     std::vector<llama_pos> held; // the KV's positions when the request started, until it is decided
