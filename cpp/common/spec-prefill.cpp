@@ -357,6 +357,14 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
+    // EAGLE3, DFlash and DSpark drafts read the target's hidden states: they cannot prefill a prompt on their own
+    if (llama_model_target_layer_ids_n(model.get()) > 0) {
+        error = "speculative prefill: the draft '" + params_dft.model.path + "' reads the target's hidden states "
+                "(an EAGLE3, DFlash or DSpark draft) and cannot score a prompt on its own: give the prefill a "
+                "standalone draft with -mpd FILE";
+        return nullptr;
+    }
+
     std::string why;
     if (!spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model.get()), why)) {
         error = "speculative prefill: the draft '" + params_dft.model.path + "' does not share the target's "

@@ -18,101 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
+    from spbuild.models import KINDS, SHAPES, make
     from spbuild.server import ServerProcess
 except ImportError:  # run as a script on a machine without the package: python3 orchestrator/spbuild/bench.py
+    from models import KINDS, SHAPES, make  # type: ignore[no-redef]
     from server import ServerProcess  # type: ignore[no-redef]
-
-# llama-architecture shapes: the target and draft sizes measured in docs/benchmarks.md, and a tiny one for testing
-SHAPES: dict[str, dict[str, int]] = {
-    "8b": {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336},
-    "1.5b": {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "n_ff": 8192},
-    "tiny": {"n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512},
-    # for tests: with sharp attention, a token attends almost only to itself (see make_model)
-    "sharp": {"n_embd": 256, "n_layer": 1, "n_head": 4, "n_head_kv": 4, "n_ff": 256},
-}
 
 # common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
 WORDS = ("the of and to in is was for on that with as by at from his her they this are had not but have one "
          "all were when there can been more who will would their what said each which she do how if up other "
          "about out many then them these so some make like into time has look two write go see number no way "
          "could people my than first water been call who oil its now find long down day did get come made may").split()
-
-
-def _gguf(tree: Path):
-    sys.path.insert(0, str(tree / "gguf-py"))
-    import gguf  # noqa: PLC0415 - from the fetched llama.cpp tree, not an installed copy
-
-    return gguf
-
-
-def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, seed: int = 0,
-               sharp_attention: bool = False, nan_weights: bool = False) -> Path:
-    """A llama-architecture GGUF of `shape` with F16 random weights and the llama-bpe vocabulary (weight values do not
-    change the cost of a forward pass). sharp_attention makes the query and key projections a large multiple of the
-    identity (the shape needs n_head == n_head_kv): each token's attention then sits almost only on itself, so a
-    lookahead token's row can give the prompt exactly zero weight, a case the scoring must handle. nan_weights makes
-    every weight NaN: a draft whose attention rows are not finite, so that scoring fails for real."""
-    import numpy as np
-
-    gguf = _gguf(tree)
-    s = SHAPES[shape]
-    vocab = gguf.GGUFReader(str(tree / "models" / "ggml-vocab-llama-bpe.gguf"))
-    tokens = vocab.fields["tokenizer.ggml.tokens"]
-    n_vocab = len(tokens.data)
-    head_dim = s["n_embd"] // s["n_head"]
-
-    writer = gguf.GGUFWriter(str(out), "llama")
-    writer.add_name(f"random-{shape}")
-    writer.add_context_length(n_ctx_train)
-    writer.add_embedding_length(s["n_embd"])
-    writer.add_block_count(s["n_layer"])
-    writer.add_feed_forward_length(s["n_ff"])
-    writer.add_head_count(s["n_head"])
-    writer.add_head_count_kv(s["n_head_kv"])
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(n_vocab)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for key, field in vocab.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
-
-    rng = np.random.default_rng(seed)
-    pool = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
-    if nan_weights:
-        pool[:] = np.nan
-
-    def weight(rows: int, cols: int) -> np.ndarray:
-        return np.resize(pool, (rows, cols))
-
-    n_embd, n_kv = s["n_embd"], s["n_head_kv"] * head_dim
-    writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, n_embd))
-    for il in range(s["n_layer"]):
-        p = f"blk.{il}."
-        writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        if sharp_attention:
-            assert n_kv == n_embd, "sharp attention needs as many KV heads as heads"
-            sharp = (np.eye(n_embd) * 8.0).astype(np.float16)
-            writer.add_tensor(p + "attn_q.weight", sharp)
-            writer.add_tensor(p + "attn_k.weight", sharp)
-        else:
-            writer.add_tensor(p + "attn_q.weight", weight(n_embd, n_embd))
-            writer.add_tensor(p + "attn_k.weight", weight(n_kv, n_embd))
-        writer.add_tensor(p + "attn_v.weight", weight(n_kv, n_embd))
-        writer.add_tensor(p + "attn_output.weight", weight(n_embd, n_embd))
-        writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(p + "ffn_gate.weight", weight(s["n_ff"], n_embd))
-        writer.add_tensor(p + "ffn_up.weight", weight(s["n_ff"], n_embd))
-        writer.add_tensor(p + "ffn_down.weight", weight(n_embd, s["n_ff"]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 # the longest any one benchmark process may run (a 128K full prefill on a slow backend takes minutes)
@@ -356,9 +272,11 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    mk = sub.add_parser("make-model", help="write a random-weight llama GGUF of a named shape")
+    mk = sub.add_parser("make-model", help="write a random-weight GGUF of a named shape (see spbuild.models)")
     mk.add_argument("--tree", type=Path, required=True, help="the fetched llama.cpp tree (for gguf-py and the vocab)")
-    mk.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    mk.add_argument("--shape", choices=sorted(SHAPES), required=True, help="the model's shape, or its target's")
+    mk.add_argument("--kind", choices=KINDS, default="llama",
+                    help="a llama model, a Qwen3.5 target with an MTP head, or a draft for a llama target")
     mk.add_argument("--ctx", type=int, default=131072, help="trained context written into the model")
     mk.add_argument("out", type=Path)
     rn = sub.add_parser("run", help="llama-specprefill against a full prefill, over prompt sizes and configs")
@@ -396,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "make-model":
         started = time.monotonic()
-        make_model(args.tree, args.shape, args.out, args.ctx)
+        make(args.tree, args.kind, args.shape, args.out, args.ctx)
         print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - started:.0f} s",
               file=sys.stderr)
         return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import BINARIES_USED, TINY_ARCHS, Build, ServerProcess, SpecPrefillTool, missing
-from spbuild import bench
+from spbuild import models
 from spbuild.build import BuildRecord, find_build
 from spbuild.project import Project, Workspace
 
@@ -58,9 +58,35 @@ def bpe_models(workspace: Workspace) -> dict[str, Path]:
     for role, seed in (("target", 0), ("draft", 1)):
         path = out / f"tiny-{role}.gguf"
         if not path.exists():
-            bench.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
+            models.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
         models[role] = path
     return models
+
+
+@pytest.fixture(scope="session")
+def spec_decoding_models(workspace: Workspace) -> dict[str, Path]:
+    """Models for each speculative-decoding type, all with the llama-bpe vocabulary: a tiny llama target whose
+    attention is sharp enough that greedy output follows the context (with the plain tiny target it settles on one
+    token), EAGLE3, DFlash and DSpark drafts for it, and a Qwen3.5 target with an MTP head."""
+    out = workspace.models_dir / "spec-decoding"
+    out.mkdir(parents=True, exist_ok=True)
+    tree = workspace.source_dir
+    makers = {
+        "target": lambda p: models.make_model(tree, "tiny", p, n_ctx_train=32768, qk_scale=4.0),
+        "eagle3": lambda p: models.make_eagle3_draft(tree, "tiny", p),
+        "dflash": lambda p: models.make_dflash_draft(tree, "tiny", p),
+        "dspark": lambda p: models.make_dflash_draft(tree, "tiny", p, dspark=True),
+        "mtp-target": lambda p: models.make_mtp_target(tree, "tiny", p),
+    }
+    paths = {}
+    for name, make in makers.items():
+        path = out / f"{name}.gguf"
+        if not path.exists():
+            part = path.with_suffix(".part")  # an interrupted run leaves no half-written model behind
+            make(part)
+            part.rename(path)
+        paths[name] = path
+    return paths
 
 
 @pytest.fixture(scope="session")
@@ -69,17 +95,17 @@ def nan_draft(workspace: Workspace) -> Path:
     path = workspace.models_dir / "bpe" / "tiny-nan-draft.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        bench.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, nan_weights=True)
+        models.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, nan_weights=True)
     return path
 
 
 @pytest.fixture(scope="session")
 def sharp_model(workspace: Workspace) -> Path:
-    """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.bench sharp_attention), so
+    """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.models sharp_attention), so
     lookahead rows give the prompt exactly zero weight in some heads."""
     path = workspace.models_dir / "sharp.gguf"
     if not path.exists():
-        bench.make_model(workspace.source_dir, "sharp", path, n_ctx_train=16384, sharp_attention=True)
+        models.make_model(workspace.source_dir, "sharp", path, n_ctx_train=16384, sharp_attention=True)
     return path
 
 

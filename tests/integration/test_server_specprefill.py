@@ -341,8 +341,6 @@ def test_startup_errors(build, bpe_models, tiny_models):
         return proc.stdout + proc.stderr
 
     assert "does not share the target's vocabulary" in start("-mpd", tiny_models["llama"])
-    assert "speculative decoding" in start("-mpd", bpe_models["draft"], "-md", bpe_models["draft"],
-                                           "--spec-type", "draft-simple")
     assert "--spec-prefill-reuse must be" in start("-mpd", bpe_models["draft"], "--spec-prefill-reuse", "maybe")
     assert "--spec-prefill-p must be in (0, 1]" in start("-mpd", bpe_models["draft"], "--spec-prefill-p", "0")
 

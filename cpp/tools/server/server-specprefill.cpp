@@ -300,15 +300,7 @@ static std::string spec_prefill_devices_str(const std::vector<ggml_backend_dev_t
 }
 
 server_spec_prefill * server_spec_prefill_init(const common_params & params, llama_context * ctx_tgt,
-        int32_t n_ctx_slot, std::string & error) {
-    const auto & types = params.speculative.types;
-    const bool spec_decoding = std::any_of(types.begin(), types.end(),
-            [](common_speculative_type t) { return t != COMMON_SPECULATIVE_TYPE_NONE; });
-    if (spec_decoding) {
-        error = "--spec-prefill does not work together with speculative decoding (--spec-type) in llama-server yet: "
-                "a draft that mirrors the target's batch would see the gapped prompt; drop one of the two";
-        return nullptr;
-    }
+        llama_context * ctx_dft, int32_t n_ctx_slot, std::string & error) {
     auto * sp = new server_spec_prefill;
     sp->params = params.spec_prefill;
 
@@ -325,6 +317,10 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
         return nullptr;
     }
     llama_set_allow_pos_gaps(ctx_tgt, true);
+    if (ctx_dft) {
+        // draft-simple, MTP, EAGLE3, DFlash and DSpark write the target's (sparse) batch into their context
+        llama_set_allow_pos_gaps(ctx_dft, true);
+    }
 
     char desc[256];
     llama_model_desc(common_spec_prefill_model(sp->core), desc, sizeof(desc));

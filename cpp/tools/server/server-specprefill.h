@@ -117,10 +117,13 @@ struct server_spec_prefill_slot {
     json to_json() const; // for /slots
 };
 
-// Loads the prefill draft and starts the scorer. Refuses what it cannot serve yet (speculative decoding, a draft of
-// another vocabulary). nullptr on failure, `error` says why.
+// Loads the prefill draft and starts the scorer. Refuses what it cannot serve (a prefill draft of another vocabulary,
+// or one that needs the target's hidden states to run). ctx_dft: the speculative-decoding draft context, if any; it
+// mirrors the target's batch and so sees the sparse prompt, so it is allowed position gaps (the target verifies every
+// drafted token: a draft that saw less can only lower acceptance, not change the output). nullptr on failure, `error`
+// says why.
 server_spec_prefill * server_spec_prefill_init(const common_params & params, llama_context * ctx_tgt,
-        int32_t n_ctx_slot, std::string & error);
+        llama_context * ctx_dft, int32_t n_ctx_slot, std::string & error);
 
 // when every busy slot waits for its scores: block up to timeout_ms, or until a scoring ends, so that the server loop
 // neither spins nor looks idle (it must not fall asleep under a slot that is being scored)

@@ -1,0 +1,150 @@
+"""llama-server --spec-prefill together with every speculative-decoding type, over real HTTP.
+
+The target verifies every drafted token, so a draft that mirrors the sparse prompt can lower acceptance but never change
+the output: at temperature 0 the tokens with spec prefill and spec decoding must equal those with spec prefill alone,
+for every type, prompt length, slot layout and multi-turn reuse. The models are tiny random GGUFs made at test time
+(spbuild.models) with the llama-bpe vocabulary; everything runs on the CPU backend."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+# about n tokens of text: common words the llama-bpe tokenizer keeps whole
+from spbuild.bench import make_prompt as words
+
+pytestmark = pytest.mark.build
+
+P = 0.2
+MIN_TOKENS = 256
+N_PREDICT = 32
+# a few hundred tokens at p=0.2 first: the shape of PR #27692's DFlash failure ("positions are not continuous")
+PROMPTS = [words(400, seed=11), words(1300, seed=12), words(2600, seed=13)]
+FIRST_TURN, FOLLOW_UP = words(1000, seed=14), words(600, seed=15)
+
+# ngram lookups of one token, so that the short random outputs find matches to draft from
+NGRAM_ARGS = {
+    "ngram-simple": ["--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k": ["--spec-ngram-map-k-size-n", "1", "--spec-ngram-map-k-size-m", "8"],
+    "ngram-map-k4v": ["--spec-ngram-map-k4v-size-n", "1", "--spec-ngram-map-k4v-size-m", "8"],
+    "ngram-mod": ["--spec-ngram-mod-n-match", "1", "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "8"],
+    # ngram-cache drafts only from a static lookup cache, which llama-server cannot be given: it never drafts there
+    "ngram-cache": [],
+}
+# type -> (the target it drafts for, the draft model it takes with -md)
+DRAFT_TYPES = {
+    "draft-simple": ("target", "prefill-draft"),
+    "draft-eagle3": ("target", "eagle3"),
+    "draft-dflash": ("target", "dflash"),
+    "draft-dspark": ("target", "dspark"),
+    "draft-mtp": ("mtp-target", None),
+}
+TYPES = [*DRAFT_TYPES, *NGRAM_ARGS]
+
+
+def _models(spec_decoding_models, bpe_models) -> dict:
+    return {**spec_decoding_models, "prefill-draft": bpe_models["draft"]}
+
+
+def _server_args(models: dict, target: str, *extra: str) -> list[str]:
+    # flash attention off: on the CPU it rounds a batch of queries differently from one query, so a verified draft
+    # could flip a near-tie of the random model's logits with no speculative prefill at all; without it the target's
+    # logits do not depend on the batch shape and "lossless" can be exact
+    return ["-m", str(models[target]), "-mpd", str(models["prefill-draft"]), "--device", "none", "-c", "8192", "-fa", "off",
+            "-np", "2", "--spec-prefill-p", str(P), "--spec-prefill-min-tokens", str(MIN_TOKENS), *extra]
+
+
+def _spec_args(models: dict, spec_type: str) -> tuple[str, list[str]]:
+    if spec_type in NGRAM_ARGS:
+        return "target", ["--spec-type", spec_type, *NGRAM_ARGS[spec_type]]
+    target, draft = DRAFT_TYPES[spec_type]
+    return target, ["--spec-type", spec_type, *(["-md", str(models[draft])] if draft else [])]
+
+
+def _complete(server, prompt: str, slot: int, cache_prompt: bool = False) -> dict:
+    response = server.request("POST", "/completion", {
+        "prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True, "id_slot": slot,
+        "cache_prompt": cache_prompt})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _session(server) -> dict:
+    """What the tests compare: each prompt alone on slot 0, two prompts on both slots at once, and a follow-up that
+    reuses slot 0's sparse KV."""
+    alone = [_complete(server, prompt, 0) for prompt in PROMPTS]
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda i: _complete(server, PROMPTS[i], i - 1), (1, 2)))
+    first = _complete(server, FIRST_TURN, 0, cache_prompt=True)
+    follow_up = _complete(server, FIRST_TURN + first["content"] + FOLLOW_UP, 0, cache_prompt=True)
+    return {"alone": alone, "both": both, "turns": [first, follow_up]}
+
+
+@pytest.fixture(scope="module")
+def references(build, spec_decoding_models, bpe_models, tmp_path_factory) -> dict:
+    """Spec prefill alone, per target: the tokens every speculative-decoding type must reproduce."""
+    from harness import ServerProcess
+
+    models = _models(spec_decoding_models, bpe_models)
+    cache: dict[str, dict] = {}
+
+    def reference(target: str) -> dict:
+        if target not in cache:
+            log = tmp_path_factory.mktemp("reference") / "server.log"
+            server = ServerProcess(build.binary("llama-server"), _server_args(models, target), log=log)
+            try:
+                server.wait_ready()
+                cache[target] = _session(server)
+            finally:
+                server.stop()
+        return cache[target]
+
+    return reference  # type: ignore[return-value]
+
+
+def _tokens(body: dict) -> list[int]:
+    return body["tokens"]
+
+
+@pytest.mark.parametrize("spec_type", TYPES)
+def test_spec_decoding_with_spec_prefill_is_lossless(server_factory, spec_decoding_models, bpe_models, references,
+                                                     spec_type):
+    models = _models(spec_decoding_models, bpe_models)
+    target, extra = _spec_args(models, spec_type)
+    expected = references(target)
+    got = _session(server_factory(_server_args(models, target, *extra)))
+
+    for kind in ("alone", "both", "turns"):
+        for i, (body, ref) in enumerate(zip(got[kind], expected[kind], strict=True)):
+            where = f"{spec_type}, {kind} #{i}"
+            spec = body["timings"]["spec_prefill"]
+            assert spec["status"] == ref["timings"]["spec_prefill"]["status"], where
+            assert spec["n_kept"] == ref["timings"]["spec_prefill"]["n_kept"], where
+            assert _tokens(body) == _tokens(ref), f"{where}: spec decoding changed the output: {spec}, {ref['timings']}"
+            if spec_type in DRAFT_TYPES:
+                assert body["timings"].get("draft_n", 0) > 0, f"{where}: nothing was drafted"
+    if spec_type in NGRAM_ARGS and spec_type != "ngram-cache":
+        # an ngram drafts only where the text repeats itself, which the random model's output does now and then
+        drafted = [body["timings"].get("draft_n", 0) for kind in got.values() for body in kind]
+        assert sum(drafted) > 0, f"{spec_type}: nothing drafted in {len(drafted)} requests"
+    for body in got["alone"] + got["both"] + got["turns"][:1]:
+        assert body["timings"]["spec_prefill"]["status"] == "active"
+    # the follow-up builds on the first turn's sparse KV: its new tokens are scored or prefilled, the rest reused; a
+    # hybrid target (the MTP one) keeps no checkpoints of a sparse prefill, so it prefills the follow-up anew
+    follow_up = got["turns"][1]["timings"]["spec_prefill"]
+    assert follow_up["status"] in ("active", "reused"), follow_up
+    assert follow_up["n_reused"] == expected["turns"][1]["timings"]["spec_prefill"]["n_reused"], follow_up
+    if target != "mtp-target":
+        assert follow_up["n_reused"] > 0, follow_up
+
+
+def test_a_draft_that_needs_the_target_cannot_be_the_prefill_draft(build, spec_decoding_models, bpe_models):
+    import subprocess
+
+    proc = subprocess.run([build.binary("llama-server"), "-m", spec_decoding_models["target"], "--device", "none",
+                           "--port", "0", "--spec-prefill", "-md", spec_decoding_models["eagle3"],
+                           "--spec-type", "draft-eagle3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "reads the target's hidden states" in proc.stdout + proc.stderr
+    assert "-mpd" in proc.stdout + proc.stderr
