@@ -148,3 +148,32 @@ def test_a_draft_that_needs_the_target_cannot_be_the_prefill_draft(build, spec_d
     assert proc.returncode != 0
     assert "reads the target's hidden states" in proc.stdout + proc.stderr
     assert "-mpd" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_gemma_acceptance_with_and_without_spec_prefill(server_factory, gemma, gemma_q4_0, capsys):
+    """The real Gemma 3 270M as target, its Q4_0 quantisation as prefill draft and draft-simple draft: how much of the
+    drafting survives a sparse prompt. Reported, not asserted beyond > 0 (the draft still helps) and losslessness."""
+    from needles import make_needle
+
+    server = server_factory(["-m", str(gemma), "-mpd", str(gemma_q4_0), "-md", str(gemma_q4_0),
+                             "--spec-type", "draft-simple", "--device", "none", "-c", "8192", "-np", "1", "-fa", "off",
+                             "--spec-prefill-p", str(P), "--spec-prefill-min-tokens", str(MIN_TOKENS)], timeout=600)
+    totals = {True: [0, 0], False: [0, 0]}
+    for i in range(6):
+        prompt = make_needle(60 + 30 * i, 0.1 + 0.15 * i, 3000 + i).prompt + " and the story goes on:"
+        for enabled in (False, True):
+            response = server.request("POST", "/completion", {
+                "prompt": prompt, "n_predict": 48, "temperature": 0, "cache_prompt": False,
+                "spec_prefill": {"enabled": enabled}})
+            assert response.status_code == 200, response.text
+            timings = response.json()["timings"]
+            assert timings["spec_prefill"]["status"] == ("active" if enabled else "disabled")
+            totals[enabled][0] += timings.get("draft_n", 0)
+            totals[enabled][1] += timings.get("draft_n_accepted", 0)
+    rates = {enabled: accepted / max(1, drafted) for enabled, (drafted, accepted) in totals.items()}
+    with capsys.disabled():
+        print(f"\nGemma 3 270M, draft-simple (Q4_0): acceptance {rates[False]:.1%} with a full prefill "
+              f"({totals[False][1]}/{totals[False][0]}), {rates[True]:.1%} with spec prefill p={P} "
+              f"({totals[True][1]}/{totals[True][0]})")
+    assert rates[False] > 0 and rates[True] > 0, totals
