@@ -61,7 +61,8 @@ struct common_spec_prefill {
     int32_t n_ubatch;
     enum llama_flash_attn_type flash_attn_type;
 
-    llama_model_ptr   model;
+    llama_model_ptr   model_owned; // null when the caller's speculative draft is shared
+    llama_model     * model = nullptr;
     llama_context_ptr ctx;
     const llama_vocab * vocab = nullptr;
 
@@ -113,7 +114,7 @@ static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * 
     }
     if (!sp->graph) {
         sp->graph = common_spec_prefill_graph_init(dev, sp->ctx_n_cells, sp->ctx_n_seq, sp->n_layer,
-                llama_model_n_head(sp->model.get()), sp->params.pool_kernel, sp->n_threads_batch);
+                llama_model_n_head(sp->model), sp->params.pool_kernel, sp->n_threads_batch);
         if (!sp->graph) {
             LOG_WRN("%s: cannot set up scoring on %s, scoring on the host\n", __func__, ggml_backend_dev_name(dev));
             sp->graph_failed = true;
@@ -327,7 +328,7 @@ static bool spec_prefill_vocab_matches(const llama_vocab * tgt, const llama_voca
 }
 
 common_spec_prefill * common_spec_prefill_init(const common_params & params, const llama_model * model_tgt,
-        std::string & error) {
+        llama_model * model_spec_draft, std::string & error) {
     const auto & spp = params.spec_prefill;
 
     if (const char * problem = common_spec_prefill_select_params_check(spp.select)) {
@@ -350,15 +351,23 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     params_dft.tensor_buft_overrides.clear();
     params_dft.lora_adapters.clear();
 
-    auto mparams = common_model_params_to_llama(params_dft);
-    llama_model_ptr model(llama_model_load_from_file(params_dft.model.path.c_str(), mparams));
-    if (!model) {
-        error = "speculative prefill: failed to load the draft model '" + params_dft.model.path + "'";
-        return nullptr;
+    // the speculative draft is loaded with -ngld/-devd: the same file placed the same way is one model, not two
+    const common_params params_spec = common_base_params_to_speculative(params);
+    const bool share = model_spec_draft && params_dft.model.path == params.speculative.draft.mparams.path &&
+            params_dft.n_gpu_layers == params_spec.n_gpu_layers && params_dft.devices == params_spec.devices;
+    llama_model_ptr model_owned;
+    if (!share) {
+        auto mparams = common_model_params_to_llama(params_dft);
+        model_owned.reset(llama_model_load_from_file(params_dft.model.path.c_str(), mparams));
+        if (!model_owned) {
+            error = "speculative prefill: failed to load the draft model '" + params_dft.model.path + "'";
+            return nullptr;
+        }
     }
+    llama_model * model = share ? model_spec_draft : model_owned.get();
 
     // EAGLE3, DFlash and DSpark drafts read the target's hidden states: they cannot prefill a prompt on their own
-    if (llama_model_target_layer_ids_n(model.get()) > 0) {
+    if (llama_model_target_layer_ids_n(model) > 0) {
         error = "speculative prefill: the draft '" + params_dft.model.path + "' reads the target's hidden states "
                 "(an EAGLE3, DFlash or DSpark draft) and cannot score a prompt on its own: give the prefill a "
                 "standalone draft with -mpd FILE";
@@ -366,7 +375,7 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     }
 
     std::string why;
-    if (!spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model.get()), why)) {
+    if (!spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model), why)) {
         error = "speculative prefill: the draft '" + params_dft.model.path + "' does not share the target's "
                 "vocabulary: " + why;
         return nullptr;
@@ -392,11 +401,12 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->n_batch         = std::max(1, params.n_batch);
     sp->n_ubatch        = std::max(1, std::min(params.n_ubatch, params.n_batch));
     sp->flash_attn_type = params.flash_attn_type;
-    sp->vocab           = llama_model_get_vocab(model.get());
-    sp->n_layer         = llama_model_n_layer(model.get());
-    sp->n_swa           = llama_model_n_swa(model.get());
-    sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model.get());
-    sp->model           = std::move(model);
+    sp->vocab           = llama_model_get_vocab(model);
+    sp->n_layer         = llama_model_n_layer(model);
+    sp->n_swa           = llama_model_n_swa(model);
+    sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model);
+    sp->model           = model;
+    sp->model_owned     = std::move(model_owned);
     sp->layer_usable.assign(sp->n_layer, 0);
     sp->layer_seen.assign(sp->n_layer, 0);
     sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
@@ -410,8 +420,9 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
-    LOG_INF("%s: draft '%s': %d layers, sliding window %d, up to %d KV cells\n", __func__,
-            params_dft.model.path.c_str(), sp->n_layer, sp->n_swa, sp->n_ctx_max);
+    LOG_INF("%s: draft '%s'%s: %d layers, sliding window %d, up to %d KV cells\n", __func__,
+            params_dft.model.path.c_str(), share ? " (the speculative-decoding draft's weights, shared)" : "",
+            sp->n_layer, sp->n_swa, sp->n_ctx_max);
     return sp;
 }
 
@@ -585,7 +596,7 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     cparams.type_v          = GGML_TYPE_F16;
     cparams.no_perf         = true;
 
-    sp->ctx.reset(llama_init_from_model(sp->model.get(), cparams));
+    sp->ctx.reset(llama_init_from_model(sp->model, cparams));
     if (!sp->ctx) {
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;
@@ -614,7 +625,7 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
 }
 
 size_t common_spec_prefill_model_size(const common_spec_prefill * sp) {
-    return llama_model_size(sp->model.get());
+    return llama_model_size(sp->model);
 }
 
 size_t common_spec_prefill_ctx_size(const common_spec_prefill * sp) {
@@ -628,7 +639,7 @@ size_t common_spec_prefill_ctx_size(const common_spec_prefill * sp) {
 }
 
 const llama_model * common_spec_prefill_model(const common_spec_prefill * sp) {
-    return sp->model.get();
+    return sp->model;
 }
 
 common_spec_prefill_request common_spec_prefill_default_request(const common_spec_prefill * sp) {
@@ -659,7 +670,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         n_cells_max = std::max(n_cells_max, (int32_t) w->tokens.size() + n_look);
     }
     for (int32_t il = 0; il < sp->n_layer; ++il) {
-        sp->layer_usable[il] = !llama_model_is_swa_layer(sp->model.get(), il) || sp->n_swa >= n_cells_max;
+        sp->layer_usable[il] = !llama_model_is_swa_layer(sp->model, il) || sp->n_swa >= n_cells_max;
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);

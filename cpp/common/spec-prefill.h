@@ -4,7 +4,7 @@
 // that the prompt's last token and a few greedy lookahead tokens pay to each prompt token, and the target prefills
 // only the important chunks, at their original positions. Lossy by design.
 //
-//   sp  = common_spec_prefill_init(params, model_tgt, err);
+//   sp  = common_spec_prefill_init(params, model_tgt, nullptr, err);
 //   req = common_spec_prefill_default_request(sp);   // per-request settings, a cancel flag, a reused prefix
 //   res = common_spec_prefill_run(sp, prompt, req);  // res.kept: positions to prefill, res.status: what it did
 //   llama_set_allow_pos_gaps(ctx_tgt, true);
@@ -75,9 +75,11 @@ struct common_spec_prefill_request {
     const std::atomic<bool> * cancel = nullptr;
 };
 // Load the draft (params.spec_prefill.mparams, else the speculative draft model) and check that its vocabulary is
-// the target's. On failure: nullptr, and `error` says why.
+// the target's. model_spec_draft: the speculative-decoding draft the caller already loaded, if any; when the prefill
+// draft is the same file placed on the same devices, it is used instead of a second copy (and not freed here).
+// On failure: nullptr, and `error` says why.
 struct common_spec_prefill * common_spec_prefill_init(const common_params & params, const struct llama_model * model_tgt,
-        std::string & error);
+        struct llama_model * model_spec_draft, std::string & error);
 
 void common_spec_prefill_free(struct common_spec_prefill * sp);
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -242,6 +243,78 @@ def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], windo
     return rows
 
 
+# ngram lookups short enough that model output finds matches in its own history and the prompt
+NGRAM_ARGS = {
+    "ngram-simple": ["--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k": ["--spec-ngram-map-k-size-n", "2", "--spec-ngram-map-k-size-m", "8"],
+    "ngram-map-k4v": ["--spec-ngram-map-k4v-size-n", "2", "--spec-ngram-map-k4v-size-m", "8"],
+    "ngram-mod": ["--spec-ngram-mod-n-match", "2", "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "8"],
+}
+
+
+def run_spec_decoding(bin_dir: Path, target: Path, prefill_draft: Path, types: dict[str, tuple[Path, list[str]]],
+                      sizes: list[int], p: float, n_predict: int, out_dir: Path, server_args: list[str],
+                      repeat: int = 2) -> list[dict]:
+    """Decode speed and acceptance of each speculative-decoding type with spec prefill off and on (per request, one
+    server per type), and decode speed with no speculative decoding at all, for prompts of each size. `types` maps a
+    --spec-type to its target and extra arguments (a -md draft); "none" is the reference."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for spec_type, (type_target, extra) in {"none": (target, []), **types}.items():
+        n_ctx = max(sizes) + n_predict + 256
+        argv = ["-m", str(type_target), "-c", str(n_ctx), "-np", "1", "-mpd", str(prefill_draft),
+                "--spec-prefill-p", str(p), *server_args, *(["--spec-type", spec_type] if spec_type != "none" else []),
+                *extra]
+        try:
+            server = _started(bin_dir / "llama-server", argv, out_dir / f"server-{spec_type}.log")
+        except (RuntimeError, TimeoutError) as err:
+            rows.append({"spec_type": spec_type, "error": str(err)[-300:], "command": argv})
+            print(f"[{spec_type}] failed to start: see {out_dir / f'server-{spec_type}.log'}", file=sys.stderr)
+            continue
+        try:
+            for n in sizes:
+                row: dict = {"spec_type": spec_type, "n_prompt": n, "command": argv}
+                for enabled in (False, True):
+                    runs = []
+                    for r in range(repeat):
+                        body = {"prompt": make_prompt(n, seed=100 + r), "n_predict": n_predict, "temperature": 0,
+                                "cache_prompt": False, "ignore_eos": True, "spec_prefill": {"enabled": enabled}}
+                        response = server.request("POST", "/completion", body, timeout=TIMEOUT_S)
+                        response.raise_for_status()
+                        runs.append(response.json()["timings"])
+                    key = "sparse" if enabled else "full"
+                    drafted = sum(t.get("draft_n", 0) for t in runs)
+                    accepted = sum(t.get("draft_n_accepted", 0) for t in runs)
+                    row[f"{key}_status"] = runs[-1]["spec_prefill"]["status"]
+                    row[f"{key}_acceptance"] = accepted / drafted if drafted else float("nan")
+                    row[f"{key}_drafted"] = drafted
+                    row[f"{key}_decode_tps"] = statistics.median(t["predicted_per_second"] for t in runs)
+                    row[f"{key}_prompt_ms"] = statistics.median(t["prompt_ms"] for t in runs)
+                rows.append(row)
+                print(f"[{spec_type} {n}] acceptance {row['full_acceptance']:.2f} -> {row['sparse_acceptance']:.2f}, "
+                      f"decode {row['full_decode_tps']:.1f} -> {row['sparse_decode_tps']:.1f} t/s, prompt "
+                      f"{row['full_prompt_ms']:.0f} -> {row['sparse_prompt_ms']:.0f} ms", file=sys.stderr, flush=True)
+        finally:
+            server.stop()
+        (out_dir / "spec-decoding-results.json").write_text(json.dumps(rows, indent=1))
+    (out_dir / "spec-decoding-results.md").write_text(spec_decoding_markdown(rows))
+    print(spec_decoding_markdown(rows))
+    return rows
+
+
+def spec_decoding_markdown(rows: list[dict]) -> str:
+    lines = ["| --spec-type | N | acceptance, full prefill | acceptance, spec prefill | decode t/s, full | "
+             "decode t/s, spec prefill | prompt ms, full | prompt ms, spec prefill |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['spec_type']} | failed: {r['error'][-80:]} | | | | | | |")
+            continue
+        lines.append(f"| {r['spec_type']} | {r['n_prompt']:,} | {r['full_acceptance']:.1%} | "
+                     f"{r['sparse_acceptance']:.1%} | {r['full_decode_tps']:,.1f} | {r['sparse_decode_tps']:,.1f} | "
+                     f"{r['full_prompt_ms']:,.0f} | {r['sparse_prompt_ms']:,.0f} ({r['sparse_status']}) |")
+    return "\n".join(lines).replace("nan%", "-") + "\n"
+
+
 def server_markdown(rows: list[dict]) -> str:
     lines = ["| prompt tokens | config | kept | server TTFT ms (scoring + sparse prefill) | tool TTFT ms | server / tool | "
              "server, spec prefill off | unpatched server | tool baseline | speedup (server) |",
@@ -307,7 +380,37 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--server-args", default="-b 4096 -ub 1024 -ngl 99 -fa on",
                     help="arguments shared by the servers (the unpatched one too) and the tool")
     sv.add_argument("--draft-args", default="-nglpd 99", help="prefill-draft arguments of the patched server and the tool")
+    sd = sub.add_parser("spec-decoding", help="decode speed and acceptance of speculative-decoding types, with spec "
+                        "prefill off and on")
+    sd.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
+    sd.add_argument("--target", type=Path, required=True)
+    sd.add_argument("--prefill-draft", type=Path, required=True)
+    sd.add_argument("--draft", type=Path, help="draft-simple's draft (-md)")
+    sd.add_argument("--eagle3", type=Path)
+    sd.add_argument("--dflash", type=Path)
+    sd.add_argument("--dspark", type=Path)
+    sd.add_argument("--mtp-target", type=Path, help="a target with an MTP head (draft-mtp runs on it)")
+    sd.add_argument("--no-ngram", action="store_true", help="skip the ngram types")
+    sd.add_argument("--sizes", default="2048")
+    sd.add_argument("--p", type=float, default=0.2)
+    sd.add_argument("--n-predict", type=int, default=128)
+    sd.add_argument("--repeat", type=int, default=2)
+    sd.add_argument("--out", type=Path, default=Path("bench-out"))
+    sd.add_argument("--server-args", default="", help="arguments shared by every server (devices, -ngl, -fa)")
     args = parser.parse_args(argv)
+    if args.command == "spec-decoding":
+        types: dict[str, tuple[Path, list[str]]] = {}
+        for spec_type, draft in (("draft-simple", args.draft), ("draft-eagle3", args.eagle3),
+                                 ("draft-dflash", args.dflash), ("draft-dspark", args.dspark)):
+            if draft:
+                types[spec_type] = (args.target, ["-md", str(draft)])
+        if args.mtp_target:
+            types["draft-mtp"] = (args.mtp_target, [])
+        if not args.no_ngram:
+            types.update({t: (args.target, a) for t, a in NGRAM_ARGS.items()})
+        run_spec_decoding(args.bin, args.target, args.prefill_draft, types, [int(s) for s in args.sizes.split(",")],
+                          args.p, args.n_predict, args.out, args.server_args.split(), args.repeat)
+        return 0
     if args.command == "server":
         run_server(args.bin, args.target, args.draft, [int(s) for s in args.sizes.split(",")], args.window, args.p,
                    args.out, args.server_args.split(), args.draft_args.split(), args.unpatched_bin, args.repeat)

@@ -113,7 +113,10 @@ def test_spec_decoding_with_spec_prefill_is_lossless(server_factory, spec_decodi
     models = _models(spec_decoding_models, bpe_models)
     target, extra = _spec_args(models, spec_type)
     expected = references(target)
-    got = _session(server_factory(_server_args(models, target, *extra)))
+    server = server_factory(_server_args(models, target, *extra))
+    got = _session(server)
+    # draft-simple's draft is the prefill draft here: one copy of its weights serves both
+    assert ("the speculative-decoding draft's weights, shared" in server.log.read_text()) == (spec_type == "draft-simple")
 
     for kind in ("alone", "both", "turns"):
         for i, (body, ref) in enumerate(zip(got[kind], expected[kind], strict=True)):

@@ -39,3 +39,29 @@ def test_a_failed_run_is_recorded_and_the_run_goes_on(tmp_path):
     assert calls.read_text().count("run") == 2
     assert "failed: exit code 1" in (tmp_path / "out" / "results.md").read_text()
     assert "no model here" in (tmp_path / "out" / "run-100-0.log").read_text()
+
+
+def test_spec_decoding_table_shows_acceptance_and_decode_speed_on_and_off():
+    row = {"spec_type": "draft-simple", "n_prompt": 2048, "full_acceptance": 0.89, "sparse_acceptance": 0.91,
+           "full_decode_tps": 310.5, "sparse_decode_tps": 305.25, "full_prompt_ms": 900.0, "sparse_prompt_ms": 400.0,
+           "sparse_status": "active"}
+    undrafted = {**row, "spec_type": "ngram-cache", "full_acceptance": float("nan"), "sparse_acceptance": float("nan")}
+    failed = {"spec_type": "draft-eagle3", "error": "llama-server exited with 1: no model"}
+    table = bench.spec_decoding_markdown([row, undrafted, failed])
+    assert "| draft-simple | 2,048 | 89.0% | 91.0% | 310.5 | 305.2 | 900 | 400 (active) |" in table
+    assert "| ngram-cache | 2,048 | - | - |" in table
+    assert "| draft-eagle3 | failed: llama-server exited with 1: no model |" in table
+
+
+def test_a_server_that_does_not_start_is_recorded_and_the_other_types_still_run(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    server.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 1\n")
+    server.chmod(0o755)
+    rows = bench.run_spec_decoding(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf",
+                                   {"draft-simple": (tmp_path / "t.gguf", ["-md", "d.gguf"])}, [256], 0.2, 8,
+                                   tmp_path / "out", [], repeat=1)
+    assert [r["spec_type"] for r in rows] == ["none", "draft-simple"]
+    assert all("exited with 1" in r["error"] for r in rows)
+    assert (tmp_path / "out" / "spec-decoding-results.md").exists()

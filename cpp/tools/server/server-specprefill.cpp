@@ -304,7 +304,10 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
     auto * sp = new server_spec_prefill;
     sp->params = params.spec_prefill;
 
-    sp->core = common_spec_prefill_init(params, llama_get_model(ctx_tgt), error);
+    // the draft-simple draft, when it is also the prefill draft, lends its weights (llama_init_from_model takes a
+    // non-const model, but does not change it)
+    auto * model_dft = ctx_dft ? const_cast<llama_model *>(llama_get_model(ctx_dft)) : nullptr;
+    sp->core = common_spec_prefill_init(params, llama_get_model(ctx_tgt), model_dft, error);
     if (!sp->core) {
         delete sp;
         return nullptr;

@@ -224,7 +224,7 @@ static int run(int argc, char ** argv) {
     }
 
     std::string error;
-    common_spec_prefill * sp = common_spec_prefill_init(params, model, error);
+    common_spec_prefill * sp = common_spec_prefill_init(params, model, nullptr, error);
     if (sp == nullptr) {
         LOG_ERR("error: %s\n", error.c_str());
         return 1;
