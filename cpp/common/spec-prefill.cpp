@@ -327,6 +327,33 @@ static bool spec_prefill_vocab_matches(const llama_vocab * tgt, const llama_voca
     return true;
 }
 
+// A prefill draft on a ggml RPC device whose connection failed: its buffers and graphs do nothing from then on (the
+// remote's copy of the weights is gone with it), so nothing it computes can be used. nullptr when all is well.
+static const char * spec_prefill_lost_device(const common_spec_prefill * sp) {
+    for (int32_t i = 0; i < llama_model_n_devices(sp->model); ++i) {
+        ggml_backend_dev_t dev = llama_model_get_device(sp->model, i);
+        using lost_fn_t = bool (*)(ggml_backend_dev_t);
+        auto lost = (lost_fn_t) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev),
+                "ggml_backend_rpc_device_lost");
+        if (lost && lost(dev)) {
+            return ggml_backend_dev_name(dev);
+        }
+    }
+    return nullptr;
+}
+
+std::string common_spec_prefill_devices(const common_spec_prefill * sp) {
+    std::string out;
+    for (int32_t i = 0; i < llama_model_n_devices(sp->model); ++i) {
+        ggml_backend_dev_t dev = llama_model_get_device(sp->model, i);
+        out += (out.empty() ? "" : ",") + std::string(ggml_backend_dev_name(dev));
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            out += std::string(" (") + ggml_backend_dev_description(dev) + ")";
+        }
+    }
+    return out.empty() ? "CPU" : out;
+}
+
 common_spec_prefill * common_spec_prefill_init(const common_params & params, const llama_model * model_tgt,
         llama_model * model_spec_draft, std::string & error) {
     const auto & spp = params.spec_prefill;
@@ -416,6 +443,13 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         error = string_format("speculative prefill: the draft context (--spec-prefill-ctx, default: the draft's trained "
                 "context) holds %d tokens, fewer than the %d a window needs; raise --spec-prefill-ctx", sp->n_ctx_max,
                 n_window_min);
+        common_spec_prefill_free(sp);
+        return nullptr;
+    }
+
+    if (const char * dev = spec_prefill_lost_device(sp)) {
+        error = string_format("speculative prefill: the draft's remote device %s lost its connection while the "
+                "draft was loaded", dev);
         common_spec_prefill_free(sp);
         return nullptr;
     }
@@ -817,6 +851,10 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     if (const char * problem = common_spec_prefill_select_params_check(req.select)) {
         return full(COMMON_SPEC_PREFILL_FAILED, problem);
     }
+    if (const char * dev = spec_prefill_lost_device(sp)) {
+        return full(COMMON_SPEC_PREFILL_FAILED, string_format("the prefill draft's remote device %s lost its "
+                "connection earlier; spec prefill stays off until the server restarts", dev));
+    }
     const int32_t n_new = res.n_prompt - res.n_past;
     if (n_new < std::max(1, req.min_tokens)) {
         return full(COMMON_SPEC_PREFILL_SHORT, string_format("%d new prompt tokens, below the minimum of %d "
@@ -860,11 +898,21 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
             if (cancelled) {
                 return full(COMMON_SPEC_PREFILL_CANCELLED, "cancelled");
             }
+            if (const char * dev = spec_prefill_lost_device(sp)) {
+                error = string_format("the prefill draft's remote device %s lost its connection (%s)", dev,
+                        error.c_str());
+            }
             LOG_WRN("%s: scoring failed, prefilling in full: %s\n", __func__, error.c_str());
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
         }
     }
     sp->cancel = nullptr;
+    // a connection lost after the last graph was queued leaves zeros where the attention rows would be
+    if (const char * dev = spec_prefill_lost_device(sp)) {
+        res.scores.clear();
+        return full(COMMON_SPEC_PREFILL_FAILED, string_format("scoring failed: the prefill draft's remote device %s "
+                "lost its connection", dev));
+    }
     res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
     if (sp->n_reads_graph > 0) {
         res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));

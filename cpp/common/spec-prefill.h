@@ -83,6 +83,9 @@ struct common_spec_prefill * common_spec_prefill_init(const common_params & para
 
 void common_spec_prefill_free(struct common_spec_prefill * sp);
 
+// where the draft runs: its devices, named as ggml names them, with their descriptions (for RPC, the server's address)
+std::string common_spec_prefill_devices(const struct common_spec_prefill * sp);
+
 // Create, ahead of time, the draft context for prompts of up to n_prompt tokens, and keep its shape: later prompts are
 // planned to fit it (windows, sequences side by side) instead of growing it, so its memory stays what it is now. Without
 // this call common_spec_prefill_run sizes the context for each prompt. Returns false and logs if it cannot be created.

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
+
 try:
     from spbuild.models import KINDS, SHAPES, make
     from spbuild.server import ServerProcess
@@ -143,7 +145,6 @@ def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int,
 
 def _ttft(server: ServerProcess, prompt: str, fields: dict) -> tuple[float, dict]:
     """Client-side time to the first streamed token of a completion, and the final chunk's timings."""
-    import requests
 
     body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "stream": True, "cache_prompt": False, **fields}
     started = time.monotonic()
@@ -274,22 +275,11 @@ def run_spec_decoding(bin_dir: Path, target: Path, prefill_draft: Path, types: d
         try:
             for n in sizes:
                 row: dict = {"spec_type": spec_type, "n_prompt": n, "command": argv}
-                for enabled in (False, True):
-                    runs = []
-                    for r in range(repeat):
-                        body = {"prompt": make_prompt(n, seed=100 + r), "n_predict": n_predict, "temperature": 0,
-                                "cache_prompt": False, "ignore_eos": True, "spec_prefill": {"enabled": enabled}}
-                        response = server.request("POST", "/completion", body, timeout=TIMEOUT_S)
-                        response.raise_for_status()
-                        runs.append(response.json()["timings"])
-                    key = "sparse" if enabled else "full"
-                    drafted = sum(t.get("draft_n", 0) for t in runs)
-                    accepted = sum(t.get("draft_n_accepted", 0) for t in runs)
-                    row[f"{key}_status"] = runs[-1]["spec_prefill"]["status"]
-                    row[f"{key}_acceptance"] = accepted / drafted if drafted else float("nan")
-                    row[f"{key}_drafted"] = drafted
-                    row[f"{key}_decode_tps"] = statistics.median(t["predicted_per_second"] for t in runs)
-                    row[f"{key}_prompt_ms"] = statistics.median(t["prompt_ms"] for t in runs)
+                try:
+                    row.update(_spec_decoding_row(server, n, n_predict, repeat))
+                except requests.RequestException as err:  # recorded; the other sizes and types still run
+                    rows.append({**row, "error": f"N={n}: {err}"[-300:]})
+                    continue
                 rows.append(row)
                 print(f"[{spec_type} {n}] acceptance {row['full_acceptance']:.2f} -> {row['sparse_acceptance']:.2f}, "
                       f"decode {row['full_decode_tps']:.1f} -> {row['sparse_decode_tps']:.1f} t/s, prompt "
@@ -300,6 +290,27 @@ def run_spec_decoding(bin_dir: Path, target: Path, prefill_draft: Path, types: d
     (out_dir / "spec-decoding-results.md").write_text(spec_decoding_markdown(rows))
     print(spec_decoding_markdown(rows))
     return rows
+
+
+def _spec_decoding_row(server: ServerProcess, n: int, n_predict: int, repeat: int) -> dict:
+    row: dict = {}
+    for enabled in (False, True):
+        runs = []
+        for r in range(repeat):
+            body = {"prompt": make_prompt(n, seed=100 + r), "n_predict": n_predict, "temperature": 0,
+                    "cache_prompt": False, "ignore_eos": True, "spec_prefill": {"enabled": enabled}}
+            response = server.request("POST", "/completion", body, timeout=TIMEOUT_S)
+            response.raise_for_status()
+            runs.append(response.json()["timings"])
+        key = "sparse" if enabled else "full"
+        drafted = sum(t.get("draft_n", 0) for t in runs)
+        accepted = sum(t.get("draft_n_accepted", 0) for t in runs)
+        row[f"{key}_status"] = runs[-1]["spec_prefill"]["status"]
+        row[f"{key}_acceptance"] = accepted / drafted if drafted else float("nan")
+        row[f"{key}_drafted"] = drafted
+        row[f"{key}_decode_tps"] = statistics.median(t["predicted_per_second"] for t in runs)
+        row[f"{key}_prompt_ms"] = statistics.median(t["prompt_ms"] for t in runs)
+    return row
 
 
 def spec_decoding_markdown(rows: list[dict]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,12 +83,20 @@ def configure_argv(cmake: Path, ninja: Path, source: Path, build: Path, config: 
     return argv
 
 
+def rpc_server_target(source: Path) -> str:
+    """The RPC server's CMake target, as the tree names it: `ggml-rpc-server` in newer trees, `rpc-server` before."""
+    cmakelists = source / "tools" / "rpc" / "CMakeLists.txt"
+    text = cmakelists.read_text() if cmakelists.is_file() else ""
+    match = re.search(r"set\(TARGET\s+([\w-]+)\)", text) or re.search(r"add_executable\(([\w-]+)", text)
+    return match.group(1) if match else "rpc-server"
+
+
 def default_targets(config: BuildConfig, source: Path) -> list[str]:
     # llama-specprefill exists once the series is applied
     targets = [t for t in PRODUCT_TARGETS
                if t == "llama-server" or (source / "tools" / t.removeprefix("llama-") / "CMakeLists.txt").is_file()]
     if config.rpc:
-        targets.append("rpc-server")
+        targets.append(rpc_server_target(source))
     if config.test_helpers:
         targets += list(TEST_HELPER_TARGETS)
     return targets

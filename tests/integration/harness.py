@@ -47,7 +47,8 @@ class Build:
         if not path.exists():
             if name in PRODUCT_TARGETS:
                 missing(f"{name} is not in this build ({self.bin_dir}); build it with `spbuild build`")
-            pytest.skip(f"{name} is not in this build ({self.bin_dir}); build it with `spbuild build`")
+            how = "spbuild build --rpc" if name.endswith("rpc-server") else "spbuild build"
+            pytest.skip(f"{name} is not in this build ({self.bin_dir}); build it with `{how}`")
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
         BINARIES_USED.setdefault(str(path), set()).add(test)
         return path

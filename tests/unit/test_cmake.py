@@ -111,6 +111,10 @@ def test_default_targets(tmp_path: Path):
     assert with_helpers == ["llama-server", *cmake.TEST_HELPER_TARGETS]
     assert "rpc-server" not in with_helpers
     assert default_targets(BuildConfig(rpc=True, test_helpers=False), tmp_path) == ["llama-server", "rpc-server"]
+    # the tree names the RPC server's target (ggml-rpc-server at the pin)
+    (tmp_path / "tools" / "rpc").mkdir(parents=True)
+    (tmp_path / "tools" / "rpc" / "CMakeLists.txt").write_text("set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n")
+    assert default_targets(BuildConfig(rpc=True, test_helpers=False), tmp_path) == ["llama-server", "ggml-rpc-server"]
 
     (tmp_path / "tools" / "specprefill").mkdir(parents=True)
     assert "llama-specprefill" not in default_targets(BuildConfig(), tmp_path)  # the folder alone is not enough

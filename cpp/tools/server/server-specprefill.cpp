@@ -186,6 +186,9 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
     if (!reason.empty()) {
         j["reason"] = reason;
     }
+    if (!device.empty()) {
+        j["device"] = device;
+    }
     return j;
 }
 
@@ -238,6 +241,7 @@ struct server_spec_prefill_job {
 struct server_spec_prefill {
     common_params_spec_prefill params;
     common_spec_prefill * core = nullptr;
+    std::string devices; // where the draft runs, for the log and timings
 
     std::thread worker;
     std::mutex mutex;
@@ -319,6 +323,7 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
         server_spec_prefill_free(sp);
         return nullptr;
     }
+    sp->devices = common_spec_prefill_devices(sp->core);
     llama_set_allow_pos_gaps(ctx_tgt, true);
     if (ctx_dft) {
         // draft-simple, MTP, EAGLE3, DFlash and DSpark write the target's (sparse) batch into their context
@@ -329,7 +334,7 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
     llama_model_desc(common_spec_prefill_model(sp->core), desc, sizeof(desc));
     SPP_INF("prefill draft '%s' (%s) on %s: %.1f MiB weights, %.1f MiB context; p = %.2f, select = %s, min tokens = %d, "
             "reuse = %s\n", sp->params.mparams.path.empty() ? params.speculative.draft.mparams.path.c_str() :
-            sp->params.mparams.path.c_str(), desc, spec_prefill_devices_str(sp->params.devices).c_str(),
+            sp->params.mparams.path.c_str(), desc, sp->devices.c_str(),
             common_spec_prefill_model_size(sp->core) / 1048576.0, common_spec_prefill_ctx_size(sp->core) / 1048576.0,
             sp->params.select.keep, common_spec_prefill_select_mode_name(sp->params.select.mode), sp->params.min_tokens,
             sp->params.reuse_exact ? "exact" : "sparse");
@@ -534,6 +539,7 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     timings.queue_ms  = (job->t_start_us - job->t_submit_us) / 1000.0;
     timings.score_ms  = (job->t_end_us - job->t_start_us) / 1000.0;
     timings.n_windows = res.n_windows;
+    timings.device    = slot.sp->devices;
 
     const int32_t n_new = res.n_prompt - res.n_past;
     switch (res.status) {

@@ -64,6 +64,7 @@ const char * server_spec_prefill_status_name(enum server_spec_prefill_status sta
 struct server_spec_prefill_timings {
     enum server_spec_prefill_status status = SERVER_SPEC_PREFILL_NONE;
     std::string reason;
+    std::string device; // where the draft scored the prompt (its devices; for RPC, the server's address)
 
     int32_t n_prompt  = 0; // prompt tokens
     int32_t n_kept    = 0; // prompt positions in the target's KV once prefilled (reused ones included)
