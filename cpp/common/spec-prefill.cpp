@@ -342,6 +342,11 @@ static const char * spec_prefill_lost_device(const common_spec_prefill * sp) {
     return nullptr;
 }
 
+static std::string spec_prefill_lost_reason(const char * dev) {
+    return string_format("the prefill draft's remote device %s lost its connection; spec prefill stays off until the "
+            "server restarts", dev);
+}
+
 std::string common_spec_prefill_devices(const common_spec_prefill * sp) {
     std::string out;
     for (int32_t i = 0; i < llama_model_n_devices(sp->model); ++i) {
@@ -852,8 +857,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         return full(COMMON_SPEC_PREFILL_FAILED, problem);
     }
     if (const char * dev = spec_prefill_lost_device(sp)) {
-        return full(COMMON_SPEC_PREFILL_FAILED, string_format("the prefill draft's remote device %s lost its "
-                "connection earlier; spec prefill stays off until the server restarts", dev));
+        return full(COMMON_SPEC_PREFILL_FAILED, spec_prefill_lost_reason(dev));
     }
     const int32_t n_new = res.n_prompt - res.n_past;
     if (n_new < std::max(1, req.min_tokens)) {
@@ -899,8 +903,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
                 return full(COMMON_SPEC_PREFILL_CANCELLED, "cancelled");
             }
             if (const char * dev = spec_prefill_lost_device(sp)) {
-                error = string_format("the prefill draft's remote device %s lost its connection (%s)", dev,
-                        error.c_str());
+                error = spec_prefill_lost_reason(dev) + " (" + error + ")";
             }
             LOG_WRN("%s: scoring failed, prefilling in full: %s\n", __func__, error.c_str());
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
@@ -910,8 +913,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     // a connection lost after the last graph was queued leaves zeros where the attention rows would be
     if (const char * dev = spec_prefill_lost_device(sp)) {
         res.scores.clear();
-        return full(COMMON_SPEC_PREFILL_FAILED, string_format("scoring failed: the prefill draft's remote device %s "
-                "lost its connection", dev));
+        return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + spec_prefill_lost_reason(dev));
     }
     res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
     if (sp->n_reads_graph > 0) {

@@ -52,10 +52,14 @@ def rpc_server(build, workspace, tmp_path) -> Iterator[RpcServer]:
     server.kill()
 
 
-def _args(bpe_models, rpc: RpcServer | None) -> list[str]:
-    remote = ["--rpc", rpc.address, "-devpd", "RPC0", "-nglpd", "99"] if rpc else []
-    return ["-m", str(bpe_models["target"]), "-mpd", str(bpe_models["draft"]), "--device", "none", "-c", "16384",
-            "-np", "2", "--spec-prefill-p", "0.2", "--spec-prefill-min-tokens", "256", "--slots", *remote]
+def _args(bpe_models, *extra: str, target_device: str = "none") -> list[str]:
+    # extra first: --rpc must register its devices before --device names one
+    return [*extra, "-m", str(bpe_models["target"]), "-mpd", str(bpe_models["draft"]), "--device", target_device,
+            "-c", "16384", "-np", "2", "--spec-prefill-p", "0.2", "--spec-prefill-min-tokens", "256", "--slots"]
+
+
+def _remote_draft(rpc: RpcServer) -> list[str]:
+    return ["--rpc", rpc.address, "-devpd", "RPC0", "-nglpd", "99"]
 
 
 def _complete(server, prompt: str, **fields) -> dict:
@@ -75,14 +79,23 @@ def test_the_remote_draft_keeps_what_the_local_draft_keeps(build, tool, rpc_serv
     assert remote.report["status"] == "sparse", remote.report
     assert remote.report["kept"] == local.report["kept"]
 
-    on_remote = _complete(server_factory(_args(bpe_models, rpc_server)), PROMPT)
-    on_host = _complete(server_factory(_args(bpe_models, None)), PROMPT)
+    remote_server = server_factory(_args(bpe_models, *_remote_draft(rpc_server)))
+    on_remote = _complete(remote_server, PROMPT)
+    remote_server.stop()  # rpc-server serves one client at a time
+    on_host = _complete(server_factory(_args(bpe_models)), PROMPT)
     sp = on_remote["timings"]["spec_prefill"]
     assert sp["status"] == "active", sp
     assert sp["device"] == f"RPC0 ({rpc_server.address})", sp
     assert on_host["timings"]["spec_prefill"]["device"] == "CPU"
     assert sp["n_kept"] == on_host["timings"]["spec_prefill"]["n_kept"]
     assert on_remote["tokens"] == on_host["tokens"]
+
+    # and the reverse: the target on the remote device, the prefill draft local
+    reverse = _complete(server_factory(_args(bpe_models, "--rpc", rpc_server.address, "-ngl", "99", "-devpd", "none",
+                                             target_device="RPC0")), PROMPT)
+    assert reverse["timings"]["spec_prefill"]["device"] == "CPU"
+    assert reverse["timings"]["spec_prefill"]["n_kept"] == sp["n_kept"]
+    assert reverse["tokens"] == on_host["tokens"]
 
 
 def _wait_for_scoring(server, slot: int) -> None:
@@ -96,7 +109,7 @@ def _wait_for_scoring(server, slot: int) -> None:
 
 
 def test_a_remote_that_dies_costs_a_full_prefill_not_the_server(rpc_server, bpe_models, server_factory):
-    server = server_factory(_args(bpe_models, rpc_server))
+    server = server_factory(_args(bpe_models, *_remote_draft(rpc_server)))
     assert _complete(server, PROMPT)["timings"]["spec_prefill"]["status"] == "active"
 
     # killed while a request is being scored
@@ -109,6 +122,7 @@ def test_a_remote_that_dies_costs_a_full_prefill_not_the_server(rpc_server, bpe_
     sp = result["timings"]["spec_prefill"]
     assert sp["status"] == "error_fallback", sp
     assert "RPC0" in sp["reason"] and "lost its connection" in sp["reason"], sp
+    assert "stays off until the server restarts" in sp["reason"], sp  # said at the first failure
     assert server.request("GET", "/health").status_code == 200
 
     # then: every later request is prefilled in full at once, saying why; other slots and requests go on
@@ -119,7 +133,7 @@ def test_a_remote_that_dies_costs_a_full_prefill_not_the_server(rpc_server, bpe_
 
 
 def test_a_remote_killed_between_requests(rpc_server, bpe_models, server_factory):
-    server = server_factory(_args(bpe_models, rpc_server))
+    server = server_factory(_args(bpe_models, *_remote_draft(rpc_server)))
     assert _complete(server, PROMPT)["timings"]["spec_prefill"]["status"] == "active"
     rpc_server.kill()
     sp = _complete(server, words(1500, seed=23))["timings"]["spec_prefill"]
@@ -129,7 +143,7 @@ def test_a_remote_killed_between_requests(rpc_server, bpe_models, server_factory
 
 def test_an_rpc_address_with_no_server_fails_at_startup_with_the_reason(build, bpe_models):
     closed = f"127.0.0.1:{free_port()}"
-    proc = subprocess.run([build.binary("llama-server"), *_args(bpe_models, None), "--rpc", closed, "-devpd", "RPC0",
+    proc = subprocess.run([build.binary("llama-server"), *_args(bpe_models), "--rpc", closed, "-devpd", "RPC0",
                            "--port", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode > 0, proc.returncode  # an error exit, not a signal
     assert f"cannot use the RPC server {closed}" in proc.stdout + proc.stderr
