@@ -370,7 +370,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
 
     // loaded as upstream loads a speculative draft (threads, cache types, no embeddings), not with the target's
     // tensor split, overrides or adapters
-    common_params params_dft = common_base_params_to_speculative(params);
+    const common_params params_spec = common_base_params_to_speculative(params);
+    common_params params_dft = params_spec;
     params_dft.model = !spp.mparams.path.empty() ? spp.mparams : params.speculative.draft.mparams;
     if (params_dft.model.path.empty()) {
         error = "speculative prefill needs a draft model: pass -mpd FILE (or --spec-draft-model)";
@@ -383,8 +384,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     params_dft.tensor_buft_overrides.clear();
     params_dft.lora_adapters.clear();
 
-    // the speculative draft is loaded with -ngld/-devd: the same file placed the same way is one model, not two
-    const common_params params_spec = common_base_params_to_speculative(params);
+    // the speculative draft is loaded with -ngld/-devd (params_spec): the same file placed the same way is one
+    // model, not two
     const bool share = model_spec_draft && params_dft.model.path == params.speculative.draft.mparams.path &&
             params_dft.n_gpu_layers == params_spec.n_gpu_layers && params_dft.devices == params_spec.devices;
     llama_model_ptr model_owned;

@@ -8,13 +8,10 @@
 set -euo pipefail
 W=/tmp/spbench
 REPO=$PWD
-CM=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
+source docs/bench/h200-common.sh
 case "$1" in
 build)
-    rm -rf "$W" && mkdir -p "$W/patched"
-    tar -xJf .carry/tree.tar.xz -C "$W/patched"
-    mkdir -p "$W/patched/models" && cp .carry/ggml-vocab-llama-bpe.gguf "$W/patched/models/"
+    rm -rf "$W" && unpack_tree "$W/patched"
     cp -r "$W/patched" "$W/plain"
     (cd "$W/plain" && git apply -R --exclude="ggml/src/ggml-vulkan/*" "$REPO/.carry/series.diff")
     cmake -S "$W/patched" -B "$W/patched/build" "${CM[@]}" > "$W/configure-patched.log"

@@ -9,14 +9,11 @@
 #   bash docs/bench/h200-spec-decoding.sh run SIZES
 set -euo pipefail
 W=/tmp/spdec
-CM=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
+source docs/bench/h200-common.sh
 MK=(python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --ctx 32768)
 case "$1" in
 build)
-    rm -rf "$W" && mkdir -p "$W/src"
-    tar -xJf .carry/tree.tar.xz -C "$W/src"
-    mkdir -p "$W/src/models" && cp .carry/ggml-vocab-llama-bpe.gguf "$W/src/models/"
+    rm -rf "$W" && unpack_tree "$W/src"
     cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure.log"
     cmake --build "$W/build" --target llama-server -j 16 > "$W/build.log" 2>&1 &
     "${MK[@]}" --shape 8b "$W/target.gguf"

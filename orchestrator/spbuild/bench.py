@@ -261,8 +261,8 @@ def run_spec_decoding(bin_dir: Path, target: Path, prefill_draft: Path, types: d
     --spec-type to its target and extra arguments (a -md draft); "none" is the reference."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
+    n_ctx = max(sizes) + n_predict + 256
     for spec_type, (type_target, extra) in {"none": (target, []), **types}.items():
-        n_ctx = max(sizes) + n_predict + 256
         argv = ["-m", str(type_target), "-c", str(n_ctx), "-np", "1", "-mpd", str(prefill_draft),
                 "--spec-prefill-p", str(p), *server_args, *(["--spec-type", spec_type] if spec_type != "none" else []),
                 *extra]

@@ -64,6 +64,7 @@ class _Model:
         if mask_token:
             # DFlash denoises a block of mask tokens; llama-bpe reserves special tokens from 128002 on
             self.writer.add_mask_token_id(128002)
+        self.offset = 0  # where the next tensor starts in the pool
         rng = np.random.default_rng(seed)
         # an odd length, so no two rows of a matrix repeat the same values (tied logits make greedy decoding depend
         # on how ties are broken, which differs between a batch of drafted tokens and one token at a time)
@@ -76,9 +77,17 @@ class _Model:
         """A random tensor (F16, or F32 for an F32 model) with llama.cpp's dimensions ne (fastest first, as the loaders write them)."""
         # each tensor starts elsewhere in the pool: the output head must not repeat the token embeddings (a tied head
         # that echoes the input token is a fixed point of greedy decoding)
-        self.offset = (getattr(self, "offset", 0) + 1_000_003) % len(self.pool)
+        self.offset = (self.offset + 1_000_003) % len(self.pool)
         values = self.np.resize(self.np.roll(self.pool, -self.offset), tuple(reversed(ne)))
         self.writer.add_tensor(name, values * self.dtype(scale) if scale != 1.0 else values)
+
+    def shape(self, shape: dict[str, int], n_block: int) -> None:
+        """The hyperparameters every architecture here shares: a SHAPES entry, with n_block blocks."""
+        self.writer.add_embedding_length(shape["n_embd"])
+        self.writer.add_block_count(n_block)
+        self.writer.add_feed_forward_length(shape["n_ff"])
+        self.writer.add_head_count(shape["n_head"])
+        self.writer.add_head_count_kv(shape["n_head_kv"])
 
     def ones(self, name: str, n: int) -> None:
         self.writer.add_tensor(name, self.np.ones(n, dtype=self.np.float32))
@@ -123,11 +132,7 @@ def make_model(tree: Path, shape: str, out: Path, n_ctx_train: int = 131072, see
     s = SHAPES[shape]
     n_embd, head_dim = s["n_embd"], s["n_embd"] // s["n_head"]
     m = _Model(tree, out, "llama", f"random-{shape}", n_ctx_train, seed, nan_weights, f32=f32)
-    m.writer.add_embedding_length(n_embd)
-    m.writer.add_block_count(s["n_layer"])
-    m.writer.add_feed_forward_length(s["n_ff"])
-    m.writer.add_head_count(s["n_head"])
-    m.writer.add_head_count_kv(s["n_head_kv"])
+    m.shape(s, s["n_layer"])
     m.writer.add_rope_dimension_count(head_dim)
     m.writer.add_rope_freq_base(500000.0)
     m.head(n_embd)
@@ -161,12 +166,8 @@ def make_mtp_target(tree: Path, shape: str, out: Path, n_ctx_train: int = 32768,
 
     m = _Model(tree, out, "qwen35", f"random-{shape}-mtp", n_ctx_train, seed)
     w = m.writer
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_trunk + 1)
+    m.shape(s, n_trunk + 1)
     w.add_uint32("qwen35.nextn_predict_layers", 1)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(10000000.0)
     w.add_array("qwen35.rope.dimension_sections", [head_dim // 4] * 4)
     w.add_uint32("qwen35.full_attention_interval", interval)
@@ -226,12 +227,8 @@ def make_eagle3_draft(tree: Path, target_shape: str, out: Path, n_ctx_train: int
     head_dim = n_embd // n_head
     layers = [0, s["n_layer"] - 1, s["n_layer"]]
     m = _Model(tree, out, "eagle3", f"random-eagle3-for-{target_shape}", n_ctx_train, seed)
+    m.shape(s, 1)
     w = m.writer
-    w.add_embedding_length(n_embd)
-    w.add_block_count(1)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(500000.0)
     w.add_array("eagle3.target_layers", layers)
@@ -257,12 +254,8 @@ def make_dflash_draft(tree: Path, target_shape: str, out: Path, dspark: bool = F
     layers = list(range(s["n_layer"]))
     kind = "dspark" if dspark else "dflash"
     m = _Model(tree, out, "dflash", f"random-{kind}-for-{target_shape}", n_ctx_train, seed, mask_token=True)
+    m.shape(s, 1)
     w = m.writer
-    w.add_embedding_length(n_embd)
-    w.add_block_count(1)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(1000000.0)
     w.add_array("dflash.target_layers", layers)
     w.add_uint32("dflash.block_size", DFLASH_BLOCK_SIZE)

@@ -7,6 +7,7 @@ for every type, prompt length, slot layout and multi-turn reuse. The models are 
 
 from __future__ import annotations
 
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -143,8 +144,6 @@ def test_spec_decoding_with_spec_prefill_is_lossless(server_factory, spec_decodi
 
 
 def test_a_draft_that_needs_the_target_cannot_be_the_prefill_draft(build, spec_decoding_models, bpe_models):
-    import subprocess
-
     proc = subprocess.run([build.binary("llama-server"), "-m", spec_decoding_models["target"], "--device", "none",
                            "--port", "0", "--spec-prefill", "-md", spec_decoding_models["eagle3"],
                            "--spec-type", "draft-eagle3"], capture_output=True, text=True, timeout=120)
