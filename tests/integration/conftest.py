@@ -39,13 +39,13 @@ def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
     saver = build.binary("test-llama-archs")
     out = workspace.models_dir / "tiny"
     out.mkdir(parents=True, exist_ok=True)
-    models = {}
+    paths = {}
     for arch, stem in TINY_ARCHS.items():
         path = out / f"{stem}.gguf"
         if not path.exists():
             subprocess.run([saver, "-a", f"^{arch}$", "-o", out], check=True, capture_output=True, timeout=300)
-        models[arch] = path
-    return models
+        paths[arch] = path
+    return paths
 
 
 @pytest.fixture(scope="session")
@@ -54,13 +54,13 @@ def bpe_models(workspace: Workspace) -> dict[str, Path]:
     vocabulary (one token per common English word) and a 32K training context, so prompts of thousands of tokens fit."""
     out = workspace.models_dir / "bpe"
     out.mkdir(parents=True, exist_ok=True)
-    models = {}
+    paths = {}
     for role, seed in (("target", 0), ("draft", 1)):
         path = out / f"tiny-{role}.gguf"
         if not path.exists():
             models.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
-        models[role] = path
-    return models
+        paths[role] = path
+    return paths
 
 
 @pytest.fixture(scope="session")
