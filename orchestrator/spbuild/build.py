@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,6 +33,7 @@ class BuildRecord:
     shader_warning: str | None = None
     elapsed_s: float = 0.0
     log: str = ""
+    source: str = ""  # the llama.cpp tree it was built from (its gguf-py writes the tests' models)
 
     def save(self) -> None:
         (Path(self.build_dir) / BUILD_RECORD).write_text(json.dumps(asdict(self), indent=2))
@@ -101,6 +102,26 @@ def artifact_paths(build_dir: Path, targets: list[str]) -> dict[str, str]:
     return found
 
 
+def compile_tree(source: Path, build_dir: Path, config: cmake.BuildConfig, log: Path,
+                 jobs: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """Configure and build `source` as it is into `build_dir`; return the targets and the artifacts found."""
+    cmake_tool, ninja_tool = toolchain.cmake(), toolchain.ninja()
+    if cmake_tool is None or ninja_tool is None:
+        raise ToolMissing("CMake or Ninja is missing", hint="pip install cmake ninja")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    configure = cmake.configure_argv(cmake_tool.path, ninja_tool.path, source, build_dir, config)
+    code, tail = _run_with_progress(configure, log, "configure")
+    if code != 0:
+        raise BuildError(f"CMake configure failed:\n{first_error(tail, 8) or chr(10).join(tail[-15:])}",
+                         hint=f"Full log: {log}")
+    targets = config.targets or cmake.default_targets(config, source)
+    code, tail = _run_with_progress(cmake.build_argv(cmake_tool.path, build_dir, targets, jobs), log,
+                                    f"build {' '.join(targets)}")
+    if code != 0:
+        raise BuildError(f"build failed:\n{first_error(tail) or chr(10).join(tail[-15:])}", hint=f"Full log: {log}")
+    return targets, artifact_paths(build_dir, targets)
+
+
 def build(project: Project, workspace: Workspace, pin: Pin, request: BuildRequest) -> BuildRecord:
     config = request.config
     started = time.monotonic()
@@ -110,10 +131,6 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
         sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
 
     report = None if request.skip_checks else _preflight(config.backend)
-    cmake_tool, ninja_tool = toolchain.cmake(), toolchain.ninja()
-    if cmake_tool is None or ninja_tool is None:
-        raise ToolMissing("CMake or Ninja is missing", hint="pip install cmake ninja")
-
     applied = patches.apply_series(project, pin, source, force=request.force_patch)
     for note in applied.notes:
         warn(note)
@@ -121,36 +138,32 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
          f"{'already applied' if applied.reused else 'applied'}")
 
     build_dir = (request.build_dir or workspace.build_dir(config.name)).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
     log = log_path(workspace.logs_dir, f"build-{config.name}")
     info(f"full log: {log}")
-
-    configure = cmake.configure_argv(cmake_tool.path, ninja_tool.path, source, build_dir, config)
-    code, tail = _run_with_progress(configure, log, "configure")
-    if code != 0:
-        raise BuildError(f"CMake configure failed:\n{first_error(tail, 8) or chr(10).join(tail[-15:])}",
-                         hint=f"Full log: {log}")
-
-    targets = config.targets or cmake.default_targets(config, source)
-    code, tail = _run_with_progress(cmake.build_argv(cmake_tool.path, build_dir, targets, request.jobs), log,
-                                    f"build {' '.join(targets)}")
-    if code != 0:
-        raise BuildError(f"build failed:\n{first_error(tail) or chr(10).join(tail[-15:])}", hint=f"Full log: {log}")
-
+    config = _with_build_number(config, pin)
+    targets, artifacts = compile_tree(source, build_dir, config, log, request.jobs)
     record = BuildRecord(
         backend=config.backend,
         build_dir=str(build_dir),
         commit=pin.commit,
         patches=applied.applied,
         targets=targets,
-        artifacts=artifact_paths(build_dir, targets),
+        artifacts=artifacts,
         defines=cmake.cmake_defines(config),
         shader_warning=report.shader_warning() if report is not None else None,
         elapsed_s=round(time.monotonic() - started, 1),
         log=str(log),
+        source=str(source),
     )
     record.save()
     return record
+
+
+def _with_build_number(config: cmake.BuildConfig, pin: Pin) -> cmake.BuildConfig:
+    """A snapshot's commit has no upstream history to count, so the build number comes from the pin."""
+    if pin.build is None or "LLAMA_BUILD_NUMBER" in config.defines:
+        return config
+    return replace(config, defines={**config.defines, "LLAMA_BUILD_NUMBER": str(pin.build)})
 
 
 def find_build(workspace: Workspace, backend: str | None) -> BuildRecord:

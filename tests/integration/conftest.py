@@ -34,6 +34,12 @@ def build(workspace: Workspace) -> Build:
 
 
 @pytest.fixture(scope="session")
+def source_tree(build: Build, workspace: Workspace) -> Path:
+    """The llama.cpp tree the build was made from (a rebase builds another tree than the pinned one)."""
+    return Path(build.record.source) if build.record.source else workspace.source_dir
+
+
+@pytest.fixture(scope="session")
 def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
     """Random tiny models (2 layers, 128-token test vocabulary) written by upstream's test-llama-archs."""
     saver = build.binary("test-llama-archs")
@@ -49,7 +55,7 @@ def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def bpe_models(workspace: Workspace) -> dict[str, Path]:
+def bpe_models(workspace: Workspace, source_tree: Path) -> dict[str, Path]:
     """A tiny llama-architecture target and a draft with other random weights, both with the real llama-bpe
     vocabulary (one token per common English word) and a 32K training context, so prompts of thousands of tokens fit."""
     out = workspace.models_dir / "bpe"
@@ -58,19 +64,19 @@ def bpe_models(workspace: Workspace) -> dict[str, Path]:
     for role, seed in (("target", 0), ("draft", 1)):
         path = out / f"tiny-{role}.gguf"
         if not path.exists():
-            models.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, seed=seed)
+            models.make_model(source_tree, "tiny", path, n_ctx_train=32768, seed=seed)
         paths[role] = path
     return paths
 
 
 @pytest.fixture(scope="session")
-def spec_decoding_models(workspace: Workspace) -> dict[str, Path]:
+def spec_decoding_models(workspace: Workspace, source_tree: Path) -> dict[str, Path]:
     """Models for each speculative-decoding type, all with the llama-bpe vocabulary: a tiny llama target whose
     attention is sharp enough that greedy output follows the context (with the plain tiny target it settles on one
     token), EAGLE3, DFlash and DSpark drafts for it, and a Qwen3.5 target with an MTP head."""
     out = workspace.models_dir / "spec-decoding"
     out.mkdir(parents=True, exist_ok=True)
-    tree = workspace.source_dir
+    tree = source_tree
     makers = {
         "target": lambda p: models.make_model(tree, "tiny", p, n_ctx_train=32768, qk_scale=4.0),
         "eagle3": lambda p: models.make_eagle3_draft(tree, "tiny", p),
@@ -90,22 +96,22 @@ def spec_decoding_models(workspace: Workspace) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def nan_draft(workspace: Workspace) -> Path:
+def nan_draft(workspace: Workspace, source_tree: Path) -> Path:
     """A draft with the target's vocabulary whose weights are all NaN: its attention rows fail the scoring's checks."""
     path = workspace.models_dir / "bpe" / "tiny-nan-draft.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        models.make_model(workspace.source_dir, "tiny", path, n_ctx_train=32768, nan_weights=True)
+        models.make_model(source_tree, "tiny", path, n_ctx_train=32768, nan_weights=True)
     return path
 
 
 @pytest.fixture(scope="session")
-def sharp_model(workspace: Workspace) -> Path:
+def sharp_model(workspace: Workspace, source_tree: Path) -> Path:
     """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.models sharp_attention), so
     lookahead rows give the prompt exactly zero weight in some heads."""
     path = workspace.models_dir / "sharp.gguf"
     if not path.exists():
-        models.make_model(workspace.source_dir, "sharp", path, n_ctx_train=16384, sharp_attention=True)
+        models.make_model(source_tree, "sharp", path, n_ctx_train=16384, sharp_attention=True)
     return path
 
 

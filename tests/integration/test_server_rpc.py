@@ -46,8 +46,8 @@ class RpcServer:
 
 
 @pytest.fixture
-def rpc_server(build, workspace, tmp_path) -> Iterator[RpcServer]:
-    server = RpcServer(build.binary(rpc_server_target(workspace.source_dir)), tmp_path / "rpc-server.log")
+def rpc_server(build, source_tree, tmp_path) -> Iterator[RpcServer]:
+    server = RpcServer(build.binary(rpc_server_target(source_tree)), tmp_path / "rpc-server.log")
     yield server
     server.kill()
 

@@ -45,6 +45,8 @@ def _hermetic_git(tmp_path_factory: pytest.TempPathFactory):
         mp.setenv("GIT_CONFIG_GLOBAL", str(global_config))
         mp.setenv("GIT_TERMINAL_PROMPT", "0")
         mp.setenv("GIT_ALLOW_PROTOCOL", "file")
+        # no package index either: a port that refuses at once (snapshot listings fail fast and say so)
+        mp.setenv("SPBUILD_INDEX_URL", "http://127.0.0.1:9/simple")
         for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_CEILING_DIRECTORIES",
                     "SPBUILD_WORKDIR", "SPBUILD_PROJECT", "SPBUILD_BACKEND", "VULKAN_SDK"):
             mp.delenv(var, raising=False)

