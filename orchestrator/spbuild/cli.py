@@ -146,7 +146,7 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         else:
             report = rebase.resume(project, workspace, _rebase_options(args))
     _print_rebase(report)
-    if report.status == rebase.CONFLICT:
+    if report.status in (rebase.CONFLICT, "overlay conflict"):
         return 3
     return 0 if report.status in ("green", "built", "applied") else 1
 
@@ -158,11 +158,16 @@ def _print_rebase(report: rebase.RebaseReport) -> None:
     table.add_column("detail")
     colour = {rebase.CLEAN: "green", rebase.OFFSET: "green", rebase.MERGED: "yellow", rebase.CONFLICT: "red"}
     for p in report.patches:
-        detail = ", ".join(p.hunks or p.files) if p.status == rebase.CONFLICT else "; ".join(p.offsets[:2])
+        detail = ", ".join(p.hunks or p.files) if p.status in (rebase.CONFLICT, rebase.RESOLVED) \
+            else "; ".join(p.offsets[:2])
         if p.upstream_changes:
             detail += "\nupstream: " + "\n".join(p.upstream_changes[:3])
+        if p.after_skipped and p.status == rebase.CONFLICT:
+            detail += f"\n(tried without {', '.join(n[:4] for n in p.after_skipped)}, which may be why)"
         table.add_row(p.name, f"[{colour.get(p.status, 'white')}]{p.status}", detail)
     console.print(table)
+    if report.overlay:
+        warn(f"the cpp/ overlay does not fit: {report.overlay}")
     for title, step in (("build", report.build), ("tests", report.tests)):
         if step is not None:
             counts = f" ({step.passed} passed, {step.failed} failed, {step.skipped} skipped)" if title == "tests" else ""

@@ -40,6 +40,10 @@ class PatchConflict(SpbuildError):
         self.output = output
 
 
+class OverlayCollision(SpbuildError):
+    """A file of cpp/ exists upstream too: the overlay would overwrite it."""
+
+
 class BuildError(SpbuildError):
     """The compiler or CMake failed."""
 

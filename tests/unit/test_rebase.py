@@ -160,6 +160,32 @@ def test_green_build_and_tests_move_pin_and_patches(h, up, setup, workspace):
     assert result.applied == ["0001-common-say-hello.patch", "0002-ggml-tweak-line-9.patch"]
 
 
+def test_green_run_then_update_pin_does_not_build_and_test_again(h, up, setup, workspace):
+    project, pin = setup
+    (project.root / "tests" / "integration").mkdir(parents=True)
+    marker = workspace.root / "test-runs"
+    (project.root / "tests" / "integration" / "test_standin.py").write_text(
+        f"def test_counts():\n    with open({str(marker)!r}, 'a') as f:\n        f.write('x')\n")
+    target = _cmake_upstream(h, up, fails=False)
+    report = rebase.start(project, workspace, pin, target, _options(update_pin=False))
+    assert report.status == "green" and not report.pin_updated
+    assert "--update-pin" in report.next_step
+    report = rebase.resume(project, workspace, _options(update_pin=True))
+    assert report.pin_updated and report.build is None and report.tests is None
+    assert marker.read_text() == "x"  # the tests ran once
+    assert load_pin(project.pin_file).commit == target
+
+
+def test_an_upstream_file_where_cpp_has_one_is_reported(h, up, setup, workspace):
+    project, pin = setup
+    target = advance(h, up, "upstream: adds our file", [("common/new-file.cpp", "", "// upstream's own\n")])
+    report = rebase.start(project, workspace, pin, target, NO_BUILD)
+    assert report.status == "overlay conflict"
+    assert "cpp/common/new-file.cpp would overwrite upstream file common/new-file.cpp" in report.overlay
+    assert {p.status for p in report.patches} == {rebase.NOT_TRIED}
+    assert rebase.in_progress(workspace) is None  # nothing to continue: cpp/ must change first
+
+
 def test_tests_failing_keep_the_pin(h, up, setup, workspace):
     project, pin = setup
     (project.root / "tests" / "integration").mkdir(parents=True)
