@@ -194,10 +194,14 @@ def upstream_changes(repo: git.Repo, base: str, target: str, patch: Path, files:
             new_start, new_count = int(match.group(3)), int(match.group(4) or 1)
             if not any(old_start <= s + n + 2 and s <= old_start + old_count + 2 for s, n in hunks):
                 continue
-            line = f"{path}:{new_start}-{new_start + max(new_count, 1) - 1} (was {old_start}-{old_start + max(old_count, 1) - 1})"
+            old_end = old_start + max(old_count, 1) - 1
+            if new_count:
+                first, last, what = new_start, new_start + new_count - 1, f"{path}:{new_start}-{new_start + new_count - 1}"
+            else:  # lines removed after new_start: trace the two lines around the gap
+                first, last, what = max(new_start, 1), new_start + 1, f"{path}: removed after line {new_start}"
+            line = f"{what} (was {old_start}-{old_end})"
             try:
-                log = repo.git.log("-s", "--format=%h %cs %s", f"-L{new_start},{new_start + max(new_count, 1) - 1}:{path}",
-                                   f"{base}..{target}")
+                log = repo.git.log("-s", "--format=%h %cs %s", f"-L{first},{last}:{path}", f"{base}..{target}")
                 commits = [c for c in log.splitlines() if c.strip()][:3]
             except git.GitCommandError:
                 commits = []
