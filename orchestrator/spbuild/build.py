@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spbuild import cmake, doctor, patches, sources, toolchain
+from spbuild import cmake, doctor, install, patches, sources, toolchain, vulkan_toolchain
 from spbuild.console import console, info, log_path, run_logged, warn
 from spbuild.errors import BuildError, SpbuildError, ToolMissing
 from spbuild.pin import Pin
@@ -34,6 +34,7 @@ class BuildRecord:
     elapsed_s: float = 0.0
     log: str = ""
     source: str = ""  # the llama.cpp tree it was built from (its gguf-py writes the tests' models)
+    glslc: dict | None = None  # a Vulkan build's shader compiler and headers (vulkan_toolchain.Choice)
 
     def save(self) -> None:
         (Path(self.build_dir) / BUILD_RECORD).write_text(json.dumps(asdict(self), indent=2))
@@ -53,6 +54,8 @@ class BuildRequest:
     build_dir: Path | None = None
     skip_checks: bool = False
     force_patch: bool = False
+    glslc: str = "auto"  # vulkan_toolchain.MODES, or a glslc path
+    install_deps: bool = False  # install what the doctor finds missing, with the platform's package manager
 
 
 def first_error(lines: list[str], context: int = 4) -> str | None:
@@ -68,7 +71,8 @@ def _preflight(backend: str) -> doctor.Report:
         lines = [f"{c.name}: {c.detail}" + "".join(f"\n      {a}" for a in c.advice()) for c in report.failures]
         raise ToolMissing(
             f"the {backend} build needs what this machine lacks:\n  - " + "\n  - ".join(lines),
-            hint=f"Install the above, then build again; `spbuild doctor --backend {backend}` shows the full report.",
+            hint=f"`spbuild build --{backend} --install-deps` installs them (or install the above yourself); "
+                 f"`spbuild doctor --backend {backend}` shows the full report.",
         )
     return report
 
@@ -130,7 +134,10 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
         info(f"no llama.cpp source at {source} yet: fetching the pin")
         sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
 
-    report = None if request.skip_checks else _preflight(config.backend)
+    if request.install_deps:
+        install.fix(config.backend, workspace.logs_dir)
+    if not request.skip_checks:
+        _preflight(config.backend)
     applied = patches.apply_series(project, pin, source, force=request.force_patch)
     for note in applied.notes:
         warn(note)
@@ -141,6 +148,7 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
     log = log_path(workspace.logs_dir, f"build-{config.name}")
     info(f"full log: {log}")
     config = _with_build_number(config, pin)
+    config, glslc = with_vulkan_toolchain(config, source, workspace, request.glslc)
     targets, artifacts = compile_tree(source, build_dir, config, log, request.jobs)
     record = BuildRecord(
         backend=config.backend,
@@ -150,13 +158,26 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
         targets=targets,
         artifacts=artifacts,
         defines=cmake.cmake_defines(config),
-        shader_warning=report.shader_warning() if report is not None else None,
+        shader_warning=glslc.warning() if glslc else None,
         elapsed_s=round(time.monotonic() - started, 1),
         log=str(log),
         source=str(source),
+        glslc=glslc.to_dict() if glslc else None,
     )
     record.save()
     return record
+
+
+def with_vulkan_toolchain(config: cmake.BuildConfig, source: Path, workspace: Workspace,
+                          mode: str) -> tuple[cmake.BuildConfig, vulkan_toolchain.Choice | None]:
+    """A Vulkan build's glslc and headers (the user's own -D definitions win)."""
+    if config.backend != "vulkan":
+        return config, None
+    choice = vulkan_toolchain.choose(mode, source, workspace.toolchain_dir)
+    info(f"glslc: {choice.summary()}")
+    if choice.note:
+        info(f"      {choice.note}")
+    return replace(config, defines={**choice.defines(), **config.defines}), choice
 
 
 def _with_build_number(config: cmake.BuildConfig, pin: Pin) -> cmake.BuildConfig:
@@ -166,11 +187,16 @@ def _with_build_number(config: cmake.BuildConfig, pin: Pin) -> cmake.BuildConfig
     return replace(config, defines={**config.defines, "LLAMA_BUILD_NUMBER": str(pin.build)})
 
 
+def all_builds(workspace: Workspace) -> list[BuildRecord]:
+    root = workspace.root / "build"
+    candidates = [BuildRecord.load(d) for d in sorted(root.glob("*"))] if root.is_dir() else []
+    return [r for r in candidates if r is not None]
+
+
 def find_build(workspace: Workspace, backend: str | None) -> BuildRecord:
     """The build `spbuild test` should use: the named backend's, or the most recent one."""
     root = workspace.root / "build"
-    candidates = [BuildRecord.load(d) for d in sorted(root.glob("*"))] if root.is_dir() else []
-    records = [r for r in candidates if r is not None and (backend is None or r.backend == backend)]
+    records = [r for r in all_builds(workspace) if backend is None or r.backend == backend]
     if not records:
         which = f"{backend} build" if backend else "build"
         raise SpbuildError(f"no {which} in {root}", hint=f"Run `spbuild build --{backend or 'vulkan'}` first.")

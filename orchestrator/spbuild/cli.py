@@ -12,8 +12,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from spbuild import __version__, bisect, cmake, doctor, health, patches, rebase, sources
-from spbuild.build import BuildRequest, build, find_build
+from spbuild import __version__, bisect, cmake, doctor, health, install, patches, rebase, sources, vulkan_toolchain
+from spbuild.build import BuildRequest, all_builds, build, find_build
 from spbuild.console import console, info, phase, warn
 from spbuild.errors import PatchConflict, SpbuildError
 from spbuild.pin import load_pin
@@ -88,13 +88,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     config = _build_config(args)
     with phase(f"build ({config.name})"):
         record = build(project, workspace, pin, BuildRequest(config, jobs=args.jobs, build_dir=args.build_dir,
-                                                             skip_checks=args.skip_checks, force_patch=args.force))
+                                                             skip_checks=args.skip_checks, force_patch=args.force,
+                                                             glslc=args.glslc, install_deps=args.install_deps))
     table = Table(title="build summary", show_header=False, title_justify="left")
     table.add_row("backend", record.backend)
     table.add_row("llama.cpp", f"{pin.commit} ({pin.date})")
     table.add_row("patches", "\n".join(record.patches) or "(none)")
     for target, path in record.artifacts.items():
         table.add_row(target, path)
+    if record.glslc:
+        table.add_row("glslc", vulkan_toolchain.Choice(**record.glslc).summary())
     table.add_row("elapsed", f"{record.elapsed_s:.0f} s")
     table.add_row("log", record.log)
     console.print(table)
@@ -122,7 +125,7 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
 def _rebase_options(args: argparse.Namespace) -> rebase.RebaseOptions:
     return rebase.RebaseOptions(update_pin=args.update_pin, build=not args.no_build, tests=not args.no_tests,
                                 config=_build_config(args), pytest_args=list(args.pytest_arg), jobs=args.jobs,
-                                report_dir=args.report_dir)
+                                report_dir=args.report_dir, glslc=args.glslc)
 
 
 def cmd_rebase(args: argparse.Namespace) -> int:
@@ -215,6 +218,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     backends = [args.backend] if args.backend else ["cpu", "vulkan"]
     worst = 0
+    if args.fix:
+        _, workspace = _context(args)
+        for backend in backends:
+            install.fix(backend, workspace.logs_dir)
     for backend in backends:
         report = doctor.diagnose(backend)
         table = Table(title=f"{backend} build", show_header=False, title_justify="left")
@@ -230,6 +237,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if report.shader_warning():
             warn(report.shader_warning() or "")
         worst = max(worst, 1 if report.failures else 0)
+    try:
+        _, workspace = _context(args)
+    except SpbuildError:
+        return worst
+    for record in all_builds(workspace):
+        if record.glslc:
+            info(f"build {Path(record.build_dir).name}: {vulkan_toolchain.Choice(**record.glslc).summary()}")
     return worst
 
 
@@ -273,7 +287,13 @@ def parser() -> argparse.ArgumentParser:
     bld.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="extra CMake definition")
     bld.add_argument("--no-test-helpers", action="store_true", help="skip the helper binaries the test suite needs")
     bld.add_argument("--skip-checks", action="store_true", help="skip the doctor checks before building")
+    bld.add_argument("--install-deps", action="store_true", help="install what the doctor finds missing with the "
+                     "platform's package manager (apt-get, dnf, brew; through sudo when not root), printing the command")
     bld.add_argument("--force", action="store_true", help="re-apply the series even over local work in the tree")
+    bld.add_argument("--glslc", default="auto", metavar="auto|system|toolchain|PATH",
+                     help="Vulkan shader compiler: auto (the system's if it has the fast paths, else Debian trixie's "
+                     "glslc and headers, unpacked into <workdir>/toolchain, when they pass ggml's probes), system, "
+                     "toolchain, or a glslc path")
     bld.set_defaults(run=cmd_build)
 
     test = sub.add_parser("test", parents=[common], help="run the integration suite against a build "
@@ -302,6 +322,7 @@ def parser() -> argparse.ArgumentParser:
     reb.add_argument("--rpc", action="store_true", help="also build the RPC backend and rpc-server")
     reb.add_argument("--jobs", "-j", type=int, help="parallel compile jobs")
     reb.add_argument("--no-test-helpers", action="store_true", help="skip the helper binaries the test suite needs")
+    reb.add_argument("--glslc", default="auto", metavar="auto|system|toolchain|PATH", help="as for spbuild build")
     reb.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="extra CMake definition")
 
     stat = sub.add_parser("status", parents=[common], help="the pin, the series' size per patch, and the tree's state")
@@ -310,6 +331,7 @@ def parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", parents=[common], help="check the machine and say how to install what is missing")
     doc.add_argument("--backend", choices=cmake.BACKENDS, help="backend to check (default: cpu and vulkan)")
+    doc.add_argument("--fix", action="store_true", help="install what is missing (as spbuild build --install-deps)")
     doc.set_defaults(run=cmd_doctor)
     return top
 

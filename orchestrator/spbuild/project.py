@@ -99,6 +99,11 @@ class Workspace:
     def models_dir(self) -> Path:
         return self.root / "models"
 
+    @property
+    def toolchain_dir(self) -> Path:
+        """Toolchains spbuild provides itself (a modern glslc and Vulkan headers)."""
+        return self.root / "toolchain"
+
     def build_dir(self, backend: str) -> Path:
         return self.root / "build" / backend
 

@@ -371,6 +371,7 @@ class RebaseOptions:
     pytest_args: list[str] = field(default_factory=list)
     jobs: int | None = None
     report_dir: Path | None = None
+    glslc: str = "auto"
 
 
 def _open_tree(workspace: Workspace) -> git.Repo:
@@ -532,6 +533,8 @@ def _advance(project: Project, workspace: Workspace, base: Pin, target: Pin, tre
     candidate = reports_dir(workspace) / f"series-{target.label}"
     _export_candidate(tree, target, candidate)
     report.candidate_patches = str(candidate)
+    rebased = [health.parse_patch(p) for p in sorted(candidate.glob("*.patch"))]
+    report.health, report.totals = [h.to_dict() for h in rebased], health.totals(rebased)  # the series as rebased
     already_green = " ".join([tree.head.commit.hexsha, options.config.name, *options.pytest_args])
     if options.update_pin and options.build and options.tests and state.green == already_green:
         info("this branch head was built and tested green by the last run: moving the pin without doing it again")
@@ -585,6 +588,7 @@ def _build(tree: git.Repo, target: Pin, workspace: Workspace, options: RebaseOpt
     build_dir = rebase_dir(workspace) / f"build-{options.config.name}"
     log = log_path(workspace.logs_dir, f"rebase-build-{options.config.name}")
     config = sp_build._with_build_number(options.config, target)
+    config, glslc = sp_build.with_vulkan_toolchain(config, Path(tree.working_tree_dir or ""), workspace, options.glslc)
     started = time.monotonic()
     source = Path(tree.working_tree_dir or "")
     try:
@@ -594,7 +598,8 @@ def _build(tree: git.Repo, target: Pin, workspace: Workspace, options: RebaseOpt
     sp_build.BuildRecord(backend=config.backend, build_dir=str(build_dir), commit=target.commit,
                          patches=list(names), targets=targets,
                          artifacts=artifacts, defines=cmake.cmake_defines(config),
-                         elapsed_s=round(time.monotonic() - started, 1), log=str(log), source=str(source)).save()
+                         elapsed_s=round(time.monotonic() - started, 1), log=str(log), source=str(source),
+                         glslc=glslc.to_dict() if glslc else None).save()
     return StepResult(True, f"{len(artifacts)} of {len(targets)} targets", round(time.monotonic() - started, 1),
                       str(log)), build_dir
 

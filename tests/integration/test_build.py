@@ -4,10 +4,11 @@ Vulkan device (Mesa's lavapipe)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
-
 from harness import lavapipe_available
 
 
@@ -71,3 +72,21 @@ def test_server_completion_on_lavapipe(build, server_factory, tiny_models):
     body = _complete(server)
     cpu = server_factory(["-m", tiny_models["llama"], "-c", "512", "--device", "none", "-np", "1"])
     assert body["content"] == _complete(cpu)["content"]
+
+
+def test_the_vulkan_build_records_its_glslc_and_that_glslc_compiles_the_probes(build, source_tree):
+    """The glslc the build used (spbuild's choice: the system's, or Debian trixie's from <workdir>/toolchain)
+    compiles ggml's probe shaders as the record says, and the record's fast paths are what it compiled in."""
+    if build.record.backend != "vulkan":
+        pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
+    from spbuild import vulkan_toolchain
+
+    chosen = build.record.glslc
+    assert chosen is not None and chosen["origin"] in ("system", "toolchain", "given")
+    assert vulkan_toolchain.probe(Path(chosen["glslc"]), source_tree) == chosen["extensions"]
+    if chosen["origin"] == "toolchain":
+        # the reason it was chosen: coopmat, coopmat2 and integer_dot, with headers that define them
+        assert all(chosen["extensions"][ext] for ext in vulkan_toolchain.FAST_PATHS)
+        assert all(chosen["headers"].values())
+    cache = (Path(build.record.build_dir) / "CMakeCache.txt").read_text()
+    assert re.search(rf"^Vulkan_GLSLC_EXECUTABLE:\w+={re.escape(chosen['glslc'])}$", cache, re.M)

