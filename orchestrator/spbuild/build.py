@@ -147,8 +147,7 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
     build_dir = (request.build_dir or workspace.build_dir(config.name)).resolve()
     log = log_path(workspace.logs_dir, f"build-{config.name}")
     info(f"full log: {log}")
-    config = _with_build_number(config, pin)
-    config, glslc = with_vulkan_toolchain(config, source, workspace, request.glslc)
+    config, glslc = pinned_config(config, pin, source, workspace, request.glslc)
     targets, artifacts = compile_tree(source, build_dir, config, log, request.jobs)
     record = BuildRecord(
         backend=config.backend,
@@ -168,23 +167,21 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
     return record
 
 
-def with_vulkan_toolchain(config: cmake.BuildConfig, source: Path, workspace: Workspace,
-                          mode: str) -> tuple[cmake.BuildConfig, vulkan_toolchain.Choice | None]:
-    """A Vulkan build's glslc and headers (the user's own -D definitions win)."""
-    if config.backend != "vulkan":
-        return config, None
-    choice = vulkan_toolchain.choose(mode, source, workspace.toolchain_dir)
-    info(f"glslc: {choice.summary()}")
-    if choice.note:
-        info(f"      {choice.note}")
-    return replace(config, defines={**choice.defines(), **config.defines}), choice
-
-
-def _with_build_number(config: cmake.BuildConfig, pin: Pin) -> cmake.BuildConfig:
-    """A snapshot's commit has no upstream history to count, so the build number comes from the pin."""
-    if pin.build is None or "LLAMA_BUILD_NUMBER" in config.defines:
-        return config
-    return replace(config, defines={**config.defines, "LLAMA_BUILD_NUMBER": str(pin.build)})
+def pinned_config(config: cmake.BuildConfig, pin: Pin, source: Path, workspace: Workspace,
+                  glslc_mode: str) -> tuple[cmake.BuildConfig, vulkan_toolchain.Choice | None]:
+    """What a build of `pin`'s tree adds to the user's configuration (whose own -D definitions win): the build
+    number a snapshot's commit cannot count, and a Vulkan build's glslc and headers."""
+    defines = dict(config.defines)
+    if pin.build is not None:
+        defines.setdefault("LLAMA_BUILD_NUMBER", str(pin.build))
+    choice = None
+    if config.backend == "vulkan":
+        choice = vulkan_toolchain.choose(glslc_mode, source, workspace.toolchain_dir)
+        info(f"glslc: {choice.summary()}")
+        if choice.note:
+            info(f"      {choice.note}")
+        defines = {**choice.defines(), **defines}
+    return replace(config, defines=defines), choice
 
 
 def all_builds(workspace: Workspace) -> list[BuildRecord]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spbuild import toolchain
+from spbuild import toolchain, vulkan_toolchain
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -184,10 +184,8 @@ def check_spirv_headers() -> Check:
 
 
 def glslc_path() -> str | None:
-    sdk = os.environ.get("VULKAN_SDK")
-    if sdk and (Path(sdk) / "bin" / "glslc").exists():
-        return str(Path(sdk) / "bin" / "glslc")
-    return shutil.which("glslc")
+    found = vulkan_toolchain.system_glslc()
+    return str(found) if found else None
 
 
 def check_glslc() -> Check:

@@ -320,6 +320,13 @@ class RebaseReport:
         return json_path, md_path
 
 
+def _new_report(onto: str, base: Pin, target: Pin, outcomes: list[PatchOutcome], project: Project,
+                **fields) -> RebaseReport:
+    series = health.series_health(project)
+    return RebaseReport(onto, _pin_dict(base), _pin_dict(target), outcomes, [h.to_dict() for h in series],
+                        health.totals(series), **fields)
+
+
 def _pin_dict(pin: Pin) -> dict:
     out = {"label": pin.label, "commit": pin.commit, "date": pin.date, "subject": pin.subject, "tree": pin.tree}
     if pin.is_snapshot and pin.pypi is not None:
@@ -409,11 +416,10 @@ def start(project: Project, workspace: Workspace, pin: Pin, onto: str, options: 
     try:
         outcomes = survey(repo, project, pin.commit, target.commit)
     except OverlayCollision as err:
-        series = health.series_health(project)
-        report = RebaseReport(onto, _pin_dict(pin), _pin_dict(target.pin), [PatchOutcome(p.name) for p in series],
-                              [h.to_dict() for h in series], health.totals(series), status="overlay conflict",
-                              overlay=str(err), next_step=f"upstream {target.label} added a file cpp/ also holds: "
-                              "rename ours, or change upstream's file with a patch instead")
+        report = _new_report(onto, pin, target.pin, [PatchOutcome(p.name) for p in patches.read_series(project)],
+                             project, status="overlay conflict", overlay=str(err),
+                             next_step=f"upstream {target.label} added a file cpp/ also holds: rename ours, or "
+                             "change upstream's file with a patch instead")
         return _finish(report, options, workspace, started)
     tree = _fresh_worktree(repo, workspace, target.commit)
     overlay_commit, _ = patches.commit_overlay(tree, project)
@@ -507,9 +513,7 @@ def _advance(project: Project, workspace: Workspace, base: Pin, target: Pin, tre
     outcomes = [PatchOutcome(**o) for o in state.outcomes]
     by_name = {o.name: o for o in outcomes}
     series = {p.name: p for p in patches.read_series(project)}
-    report = RebaseReport(state.onto, _pin_dict(base), _pin_dict(target), outcomes,
-                          [h.to_dict() for h in health.series_health(project)], health.totals(health.series_health(project)),
-                          worktree=str(rebase_tree(workspace)))
+    report = _new_report(state.onto, base, target, outcomes, project, worktree=str(rebase_tree(workspace)))
     while state.remaining:
         name = state.remaining[0]
         outcome = apply_with_outcome(tree, series[name], stop_at_conflict=True)
@@ -587,10 +591,9 @@ def _build(tree: git.Repo, target: Pin, workspace: Workspace, options: RebaseOpt
            names: list[str]) -> tuple[StepResult, Path]:
     build_dir = rebase_dir(workspace) / f"build-{options.config.name}"
     log = log_path(workspace.logs_dir, f"rebase-build-{options.config.name}")
-    config = sp_build._with_build_number(options.config, target)
-    config, glslc = sp_build.with_vulkan_toolchain(config, Path(tree.working_tree_dir or ""), workspace, options.glslc)
-    started = time.monotonic()
     source = Path(tree.working_tree_dir or "")
+    config, glslc = sp_build.pinned_config(options.config, target, source, workspace, options.glslc)
+    started = time.monotonic()
     try:
         targets, artifacts = sp_build.compile_tree(source, build_dir, config, log, options.jobs)
     except BuildError as err:
