@@ -1,31 +1,36 @@
-"""Benchmarks, not tests: random-weight models of real shapes, and llama-specprefill measured side by side with a full
-prefill of the same prompt, in one run. Prints a table and writes it as Markdown.
+"""`spbuild bench`: time to first token with spec prefill against the full prefill of the same prompt, measured
+side by side in one run, through the built llama-server (one process, spec prefill set per request) or
+llama-specprefill, with the phases (queue, scoring: the draft's prefill and query steps, the sparse prefill) and the
+draft's own flash-attention prefill by llama-bench, from which the bound follows:
 
-It needs only NumPy and llama.cpp's own gguf-py (in the fetched tree), so it also runs as a plain script on a GPU
-machine that has nothing else: `python3 bench.py make-model ...` / `python3 bench.py run ...`.
+    bound = T_full / (T_draft_prefill + T_sparse_prefill)
+
+the speedup if scoring cost no more than the draft's plain prefill. Warm-up runs first, then repetitions; medians
+and spread. Also random-weight models of real shapes (`make-model`) and the speculative-decoding table
+(`spec-decoding`): `python -m spbuild.bench --help`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-try:
-    from spbuild.models import KINDS, SHAPES, make
-    from spbuild.server import ServerProcess
-except ImportError:  # run as a script on a machine without the package: python3 orchestrator/spbuild/bench.py
-    from models import KINDS, SHAPES, make  # type: ignore[no-redef]
-    from server import ServerProcess  # type: ignore[no-redef]
+from spbuild.errors import SpbuildError
+from spbuild.evaluate import Setting
+from spbuild.models import KINDS, SHAPES, make
+from spbuild.server import ServerProcess
+from spbuild.stats import Spread
 
 # common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
 WORDS = ("the of and to in is was for on that with as by at from his her they this are had not but have one "
@@ -33,9 +38,9 @@ WORDS = ("the of and to in is was for on that with as by at from his her they th
          "about out many then them these so some make like into time has look two write go see number no way "
          "could people my than first water been call who oil its now find long down day did get come made may").split()
 
-
-# the longest any one benchmark process may run (a 128K full prefill on a slow backend takes minutes)
+# the longest any one benchmark process or request may run (a 128K full prefill on a slow backend takes minutes)
 TIMEOUT_S = 3600
+PHASES = ("queue_ms", "score_ms", "score_draft_prefill_ms", "score_query_ms", "sparse_prefill_ms")
 
 
 def make_prompt(n_tokens: int, seed: int = 1) -> str:
@@ -43,115 +48,57 @@ def make_prompt(n_tokens: int, seed: int = 1) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n_tokens))
 
 
-@dataclass
-class Config:
-    name: str
-    args: list[str]
-    env: dict[str, str]
+@dataclass(frozen=True)
+class Plan:
+    """What one bench run measures."""
+
+    sizes: list[int]
+    settings: list[Setting]
+    repeat: int = 3
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if self.repeat < 1 or self.warmup < 0:
+            raise SpbuildError(f"--repeat must be at least 1 and --warmup at least 0, got {self.repeat}/{self.warmup}")
+        if not self.sizes or not self.settings:
+            raise SpbuildError("nothing to measure: give at least one size and one setting")
+
+    @property
+    def steps(self) -> int:
+        """Measurements, for the progress bar: per size the draft's prefill, the full prefill and each setting."""
+        return len(self.sizes) * (2 + len(self.settings))
 
 
-def default_configs(window: int, scorings: list[str]) -> list[Config]:
-    """p 0.1 and 0.3, full-prompt and windowed; per scoring place (LLAMA_SPEC_PREFILL_SCORING) when asked."""
-    configs = []
-    for scoring in scorings:
-        suffix = "" if scoring == "auto" else f" [{scoring} scoring]"
-        env = {} if scoring == "auto" else {"LLAMA_SPEC_PREFILL_SCORING": scoring}
-        for p in ("0.1", "0.3"):
-            configs.append(Config(f"p={p} full{suffix}", ["--spec-prefill-p", p], env))
-            configs.append(Config(f"p={p} window {window // 1024}K{suffix}",
-                                  ["--spec-prefill-p", p, "--spec-prefill-window", str(window)], env))
-    return configs
-
-
-def draft_prefill_ms(bin_dir: Path, draft: Path, n_tokens: int, common: list[str], log: Path) -> float:
-    """The draft's plain prefill of n_tokens with flash attention, by upstream's llama-bench."""
-    argv = [str(bin_dir / "llama-bench"), "-m", str(draft), "-p", str(n_tokens), "-n", "0", "-fa", "1", "-r", "1",
-            "-o", "json", *common]
+def draft_prefill(bin_dir: Path, draft: Path, n_tokens: int, repeat: int, args: Sequence[str],
+                  log: Path) -> tuple[Spread, list[str]]:
+    """The draft's plain prefill of n_tokens with flash attention, by upstream's llama-bench (which warms up itself)."""
+    argv = [str(bin_dir / "llama-bench"), "-m", str(draft), "-p", str(n_tokens), "-n", "0", "-fa", "1",
+            "-r", str(repeat), "-o", "json", *args]
+    if not (bin_dir / "llama-bench").exists():
+        log.write_text("llama-bench is not in this build: `spbuild build` builds it\n")
+        return Spread.of([]), argv
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         log.write_text(f"timed out after {TIMEOUT_S} s\n")
-        return float("nan")
+        return Spread.of([]), argv
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        return float("nan")
-    return json.loads(proc.stdout)[0]["avg_ns"] / 1e6
+        return Spread.of([]), argv
+    result = json.loads(proc.stdout)[0]
+    return Spread.of([ns / 1e6 for ns in result.get("samples_ns") or [result["avg_ns"]]]), argv
 
 
-def run(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, out_dir: Path,
-        bench_args: list[str], tool_args: list[str], only: list[str] | None = None,
-        draft_bench: bool = True, scorings: list[str] | None = None) -> list[dict]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    n_ctx_draft = max(max(sizes) + 16384, 16 * (window + 512))
-    for n in sizes:
-        prompt = out_dir / f"prompt-{n}.txt"
-        prompt.write_text(make_prompt(n))
-        t_draft = float("nan")
-        if draft_bench:
-            t_draft = draft_prefill_ms(bin_dir, draft, n, bench_args, out_dir / f"llama-bench-{n}.log")
-            print(f"[{n}] draft prefill (llama-bench, flash attention): {t_draft:.0f} ms", file=sys.stderr, flush=True)
-        baseline = None
-        configs = [c for c in default_configs(window, scorings or ["auto"]) if only is None or c.name in only]
-        for i, config in enumerate(configs):
-            report = out_dir / f"run-{n}-{i}.json"
-            argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-mpd", str(draft), "-f", str(prompt),
-                    "-c", str(n + 256), "-n", "4", "--temp", "0", "--spec-prefill-ctx", str(n_ctx_draft),
-                    "--json", str(report), *tool_args, *config.args]
-            if baseline is None:
-                argv.append("--baseline")
-            started = time.monotonic()
-            try:
-                proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                                      env={**os.environ, **config.env}, timeout=TIMEOUT_S)
-                (out_dir / f"run-{n}-{i}.log").write_text(proc.stdout + proc.stderr)
-                failure = f"exit code {proc.returncode}" if proc.returncode != 0 else None
-            except subprocess.TimeoutExpired:
-                failure = f"timed out after {TIMEOUT_S} s"
-            if failure is None and not report.exists():
-                failure = "no report written"
-            if failure is not None:
-                # recorded, and the run goes on with the next configuration
-                rows.append({"n_prompt": n, "config": config.name, "status": "failed", "reason": failure})
-                print(f"[{n}] {config.name}: {failure}, see {out_dir}/run-{n}-{i}.log", file=sys.stderr)
-                continue
-            data = json.loads(report.read_text())
-            if baseline is None:
-                baseline = data["baseline"]["ttft_ms"]
-            spec = data["run"]
-            row = {
-                "n_prompt": data["n_prompt"], "config": config.name, "status": data["status"], "reason": data["reason"],
-                "reduced_on": data.get("reduced_on", ""),
-                "kept": len(data["kept"]), "windows": data["n_windows"], "parallel": data["n_parallel"],
-                "score_ms": data["score_ms"], "draft_prefill_ms": t_draft,
-                "score_over_draft": data["score_ms"] / t_draft, "prefill_ms": spec["prefill_ms"],
-                "score_draft_prefill_ms": data["score_draft_prefill_ms"], "score_query_ms": data["score_query_ms"],
-                "ttft_ms": spec["ttft_ms"], "baseline_ttft_ms": baseline, "speedup": baseline / spec["ttft_ms"],
-            }
-            rows.append(row)
-            (out_dir / "results.md").write_text(markdown(rows))  # as it goes: a run cut short keeps what it measured
-            print(f"[{n}] {config.name}: kept {row['kept']}, score {row['score_ms']:.0f} ms "
-                  f"({row['score_over_draft']:.2f}x draft prefill), TTFT {row['ttft_ms']:.0f} ms vs "
-                  f"{baseline:.0f} ms: {row['speedup']:.2f}x ({time.monotonic() - started:.0f} s)"
-                  + (f"; {row['status']}: {row['reason']}" if row["status"] != "sparse" else "")
-                  + (f"; rows reduced on {row['reduced_on']}" if row["reduced_on"] else ""),
-                  file=sys.stderr, flush=True)
-    (out_dir / "results.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
-    (out_dir / "results.md").write_text(table)
-    print(table)
-    return rows
-
-
-def _ttft(server: ServerProcess, prompt: str, fields: dict) -> tuple[float, dict]:
+def stream_ttft(server: ServerProcess, prompt: str, spec_prefill: dict, n_predict: int = 4) -> tuple[float, dict]:
     """Client-side time to the first streamed token of a completion, and the final chunk's timings."""
-
-    body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "stream": True, "cache_prompt": False, **fields}
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": False,
+            "spec_prefill": spec_prefill}
     started = time.monotonic()
     first = None
     timings: dict = {}
     with requests.post(f"{server.url}/completion", json=body, stream=True, timeout=TIMEOUT_S) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise SpbuildError(f"llama-server answered {response.status_code}: {response.text[:300]}")
         for line in response.iter_lines():
             if not line.startswith(b"data: "):
                 continue
@@ -162,6 +109,141 @@ def _ttft(server: ServerProcess, prompt: str, fields: dict) -> tuple[float, dict
     return ((first or time.monotonic()) - started) * 1e3, timings
 
 
+class ServerLeg:
+    """One llama-server for every size (its context fits the largest prompt, the draft's too, so that window 0 is
+    full-prompt scoring at every N); spec prefill is set per request."""
+
+    def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, server_args: Sequence[str],
+                 draft_args: Sequence[str], log: Path):
+        # the draft's context holds the slot's whole context and the lookahead (the server sizes it for the longest
+        # prompt a slot can hold)
+        self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_ctx + 512),
+                     "--spec-prefill-ctx", str(n_ctx + 768), "-np", "1", *server_args, *draft_args]
+        self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
+        try:
+            self.server.wait_ready(900)
+        except (RuntimeError, TimeoutError) as err:
+            self.server.stop()
+            raise SpbuildError(f"llama-server did not start for the bench: {err}") from err
+
+    def command(self) -> list[str]:
+        return ["llama-server", *self.argv]
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def full(self, prompt: str, warmup: int, repeat: int) -> list[dict]:
+        runs = [{"ttft_ms": stream_ttft(self.server, prompt, {"enabled": False})[0]} for _ in range(warmup + repeat)]
+        return runs[warmup:]
+
+    def sparse(self, prompt: str, setting: Setting, warmup: int, repeat: int) -> list[dict]:
+        measured = []
+        for _ in range(warmup + repeat):
+            ttft, timings = stream_ttft(self.server, prompt, {**setting.request(), "return_kept": False})
+            sp = timings.get("spec_prefill", {})
+            measured.append({"ttft_ms": ttft, **{k: sp.get(k, math.nan) for k in PHASES},
+                             "status": sp.get("status", "?"), "reason": sp.get("reason", ""),
+                             "n_kept": sp.get("n_kept", 0), "n_windows": sp.get("n_windows", 0)})
+        return measured[warmup:]
+
+
+class ToolLeg:
+    """llama-specprefill, one process per size and setting: --baseline --repeat gives both TTFTs per repetition."""
+
+    def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, server_args: Sequence[str],
+                 draft_args: Sequence[str], work: Path):
+        self.binary = bin_dir / "llama-specprefill"
+        self.common = ["-m", str(target), "-mpd", str(draft), "-c", str(n_ctx + 512), "--spec-prefill-ctx",
+                       str(n_ctx + 768), "-n", "4", "--temp", "0", *server_args, *draft_args]
+        self.work = work
+        self._full: dict[str, list[dict]] = {}
+        self._runs = 0
+
+    def command(self) -> list[str]:
+        return ["llama-specprefill", *self.common]
+
+    def close(self) -> None:
+        pass
+
+    def _run(self, prompt: str, setting: Setting, runs: int) -> dict:
+        self._runs += 1
+        prompt_file = self.work / f"prompt-{self._runs}.txt"
+        prompt_file.write_text(prompt)
+        report = self.work / f"tool-{self._runs}.json"
+        argv = [str(self.binary), *self.common, "-f", str(prompt_file), "--json", str(report), "--baseline",
+                "--repeat", str(runs), *setting.tool_args()]
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
+        (self.work / f"tool-{self._runs}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not report.exists():
+            raise SpbuildError(f"llama-specprefill failed (exit code {proc.returncode}), see "
+                               f"{self.work / f'tool-{self._runs}.log'}")
+        return json.loads(report.read_text())
+
+    def full(self, prompt: str, warmup: int, repeat: int) -> list[dict]:
+        # the baselines come with the settings' runs (--baseline), measured in the same processes (see sparse)
+        return self._full.get(prompt, [])
+
+    def sparse(self, prompt: str, setting: Setting, warmup: int, repeat: int) -> list[dict]:
+        data = self._run(prompt, setting, warmup + repeat)
+        runs = data["repeats"][warmup:]
+        status = {"sparse": "active"}.get(data["status"], data["status"])
+        measured = [{"ttft_ms": r["ttft_ms"], "queue_ms": 0.0, "score_ms": r["score_ms"],
+                     "score_draft_prefill_ms": r["draft_prefill_ms"], "score_query_ms": r["query_ms"],
+                     "sparse_prefill_ms": r.get("prefill_ms", math.nan), "status": status,
+                     "reason": data.get("reason", ""), "n_kept": len(data["kept"]) if data["status"] == "sparse"
+                     else data["n_prompt"], "n_windows": data.get("n_windows", 0)} for r in runs]
+        self._full.setdefault(prompt, []).extend({"ttft_ms": r["baseline_ttft_ms"]} for r in runs)
+        return measured
+
+
+def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_dir: Path,
+        bench_args: Sequence[str] = (), on_step: Callable[[str], None] | None = None) -> list[dict]:
+    """Every size under the full prefill and every setting: warm-up runs, then `plan.repeat` measured ones."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    step = on_step or (lambda _: None)
+    for n in plan.sizes:
+        prompt = make_prompt(n)
+        t_draft, draft_argv = draft_prefill(bin_dir, draft, n, plan.repeat, bench_args, out_dir / f"llama-bench-{n}.log")
+        step(f"N={n:,}: draft prefill {t_draft.median:,.0f} ms")
+        measured = {}
+        for setting in plan.settings:
+            try:
+                runs = leg.sparse(prompt, setting, plan.warmup, plan.repeat)
+            except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
+                runs = str(err)
+            measured[setting] = runs
+            step(f"N={n:,} {setting.name}")
+        try:
+            full = leg.full(prompt, plan.warmup, plan.repeat)
+        except (SpbuildError, requests.RequestException) as err:
+            full = []
+            for setting in plan.settings:
+                measured[setting] = measured[setting] if isinstance(measured[setting], str) else f"full prefill: {err}"
+        step(f"N={n:,}: full prefill")
+        t_full = Spread.of([r["ttft_ms"] for r in full])
+        for setting, runs in measured.items():
+            rows.append(_row(n, setting, runs, t_full, t_draft, draft_argv))
+    return rows
+
+
+def _row(n: int, setting: Setting, runs: list[dict] | str, t_full: Spread, t_draft: Spread,
+         draft_argv: list[str]) -> dict:
+    row: dict = {"n_prompt": n, "setting": setting.name, "select": setting.select, "value": setting.value,
+                 "window": setting.window, "llama_bench": draft_argv[1:]}
+    if isinstance(runs, str):
+        return {**row, "error": runs[-500:]}
+    spec = Spread.of([r["ttft_ms"] for r in runs])
+    phases = {k: Spread.of([r[k] for r in runs]) for k in PHASES}
+    bound = t_full.median / (t_draft.median + phases["sparse_prefill_ms"].median)
+    speedup = t_full.median / spec.median
+    last = runs[-1]
+    return {**row, "status": last["status"], "reason": last["reason"], "n_kept": last["n_kept"],
+            "n_windows": last["n_windows"], "full_ttft_ms": t_full.as_dict(), "spec_ttft_ms": spec.as_dict(),
+            **{k: v.as_dict() for k, v in phases.items()}, "draft_prefill_ms": t_draft.as_dict(),
+            "speedup": speedup, "bound": bound, "of_bound": speedup / bound if bound else math.nan}
+
+
 def _started(binary: Path, args: list[str], log: Path) -> ServerProcess:
     server = ServerProcess(binary, args, log=log)
     try:
@@ -170,78 +252,6 @@ def _started(binary: Path, args: list[str], log: Path) -> ServerProcess:
         server.stop()
         raise
     return server
-
-
-def run_server(bin_dir: Path, target: Path, draft: Path, sizes: list[int], window: int, p: float, out_dir: Path,
-               server_args: list[str], draft_args: list[str], unpatched_bin: Path | None = None,
-               repeat: int = 2) -> list[dict]:
-    """TTFT through llama-server's HTTP API with spec prefill on and off (per request), against llama-specprefill
-    --baseline on the same prompt, and optionally an unpatched llama-server; full-prompt scoring when N fits the draft
-    context, windows of `window` tokens above 64K."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n in sizes:
-        prompt = make_prompt(n)
-        prompt_file = out_dir / f"prompt-{n}.txt"
-        prompt_file.write_text(prompt)
-        windowed = n > 65536
-        spec_args = ["-mpd", str(draft), *draft_args, "--spec-prefill-p", str(p), "--spec-prefill-ctx", str(n + 16384)]
-        if windowed:
-            spec_args += ["--spec-prefill-window", str(window)]
-        common = ["-m", str(target), "-c", str(n + 512), "-np", "1", *server_args]
-        warm = make_prompt(2048, seed=7)
-
-        def best(server: ServerProcess, fields: dict) -> tuple[float, dict]:
-            _ttft(server, warm, fields)
-            runs = [_ttft(server, prompt, fields) for _ in range(repeat)]
-            return min(runs, key=lambda r: r[0])
-
-        server = _started(bin_dir / "llama-server", common + spec_args, out_dir / f"server-{n}.log")
-        try:
-            on_ms, on_timings = best(server, {})
-            off_ms, off_timings = best(server, {"spec_prefill": {"enabled": False}})
-        finally:
-            server.stop()
-        unpatched_ms = float("nan")
-        if unpatched_bin:
-            plain = _started(unpatched_bin / "llama-server", common, out_dir / f"server-unpatched-{n}.log")
-            try:
-                unpatched_ms, _ = best(plain, {})
-            finally:
-                plain.stop()
-        report = out_dir / f"tool-{n}.json"
-        tool_argv = [str(bin_dir / "llama-specprefill"), "-m", str(target), "-f", str(prompt_file), "-c", str(n + 512),
-                     "-n", "4", "--temp", "0", "--baseline", "--repeat", str(repeat), "--json", str(report),
-                     *server_args, *spec_args]
-        try:
-            proc = subprocess.run(tool_argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
-            (out_dir / f"tool-{n}.log").write_text(proc.stdout + proc.stderr)
-            tool = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
-        except subprocess.TimeoutExpired:
-            tool = None
-        sp = on_timings.get("spec_prefill", {})
-        row = {
-            "n_prompt": sp.get("n_prompt", n), "config": f"p={p} " + (f"window {window // 1024}K" if windowed else "full"),
-            "status": sp.get("status"), "kept": sp.get("n_kept"),
-            "server_ttft_ms": on_ms, "server_prompt_ms": on_timings.get("prompt_ms"),
-            "server_score_ms": sp.get("score_ms"), "server_sparse_prefill_ms": sp.get("sparse_prefill_ms"),
-            "server_off_ttft_ms": off_ms, "server_off_prompt_ms": off_timings.get("prompt_ms"),
-            "unpatched_ttft_ms": unpatched_ms,
-            "tool_ttft_ms": tool["run"]["ttft_ms"] if tool else float("nan"),
-            "tool_baseline_ttft_ms": tool["baseline"]["ttft_ms"] if tool else float("nan"),
-            "commands": {"server": common + spec_args, "tool": tool_argv[1:]},
-        }
-        row["server_over_tool"] = row["server_ttft_ms"] / row["tool_ttft_ms"]
-        row["speedup"] = row["server_off_ttft_ms"] / row["server_ttft_ms"]
-        rows.append(row)
-        print(f"[{n}] server TTFT {on_ms:.0f} ms ({row['status']}, kept {row['kept']}), tool {row['tool_ttft_ms']:.0f} "
-              f"ms ({row['server_over_tool']:.3f}x); spec prefill off {off_ms:.0f} ms, unpatched {unpatched_ms:.0f} ms,"
-              f" tool baseline {row['tool_baseline_ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
-        (out_dir / "server-results.json").write_text(json.dumps(rows, indent=1))
-    table = server_markdown(rows)
-    (out_dir / "server-results.md").write_text(table)
-    print(table)
-    return rows
 
 
 # ngram lookups short enough that model output finds matches in its own history and the prompt
@@ -326,36 +336,107 @@ def spec_decoding_markdown(rows: list[dict]) -> str:
     return "\n".join(lines).replace("nan%", "-") + "\n"
 
 
-def server_markdown(rows: list[dict]) -> str:
-    lines = ["| prompt tokens | config | kept | server TTFT ms (scoring + sparse prefill) | tool TTFT ms | server / tool | "
-             "server, spec prefill off | unpatched server | tool baseline | speedup (server) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['server_ttft_ms']:,.0f} "
-                     f"({r['server_score_ms']:,.0f} + {r['server_sparse_prefill_ms']:,.0f}) | {r['tool_ttft_ms']:,.0f} | "
-                     f"{r['server_over_tool']:.3f}x | {r['server_off_ttft_ms']:,.0f} | {r['unpatched_ttft_ms']:,.0f} | "
-                     f"{r['tool_baseline_ttft_ms']:,.0f} | **{r['speedup']:.2f}x** |")
-    return "\n".join(lines) + "\n"
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`spbuild bench`'s options (also `python -m spbuild.bench measure`, with --bin)."""
+    parser.add_argument("--via", choices=("server", "tool"), default="server",
+                        help="measure through llama-server over HTTP (default) or llama-specprefill")
+    parser.add_argument("--target", type=Path, help="target GGUF (default: a random model of --shapes' first shape)")
+    parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: --shapes' second shape)")
+    parser.add_argument("--shapes", default="8b,1.5b", help=f"target,draft shapes of random-weight models, made "
+                        f"once into the models folder when --target/--draft are not given (known: "
+                        f"{', '.join(sorted(SHAPES))})")
+    parser.add_argument("--sizes", default="8192,32768", help="prompt lengths in tokens, comma-separated")
+    parser.add_argument("--p", default="0.1,0.3", help="fractions kept, comma-separated")
+    parser.add_argument("--window", default="0,8192", help="scoring windows, comma-separated (0: the whole prompt)")
+    parser.add_argument("--repeat", type=int, default=3, help="measured runs per setting (median and spread)")
+    parser.add_argument("--warmup", type=int, default=1, help="runs before the measured ones, per setting")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="where results.json/.md and bench.png go")
+    parser.add_argument("--server-args", default="-ngl 99 -fa on -b 4096 -ub 1024",
+                        help="arguments of the server (or the tool): devices, offload, batch sizes")
+    parser.add_argument("--draft-args", default="-nglpd 99", help="the prefill draft's arguments (-devpd, -nglpd)")
+    parser.add_argument("--bench-args", default="-ngl 99 -b 4096 -ub 1024",
+                        help="llama-bench's arguments for the draft's own prefill")
+    parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| prompt tokens | config | kept | windows (side by side) | scoring ms (draft prefill + query steps) | "
-             "scoring / draft prefill | sparse prefill ms | TTFT ms | full-prefill TTFT ms | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("status") == "failed":
-            lines.append(f"| {r['n_prompt']:,} | {r['config']} | failed: {r['reason']} |||||||| |")
-            continue
-        lines.append(f"| {r['n_prompt']:,} | {r['config']} | {r['kept']:,} | {r['windows']} ({r['parallel']}) | "
-                     f"{r['score_ms']:,.0f} ({r['score_draft_prefill_ms']:,.0f} + {r['score_query_ms']:,.0f}) | "
-                     f"{r['score_over_draft']:.2f}x | {r['prefill_ms']:,.0f} | "
-                     f"{r['ttft_ms']:,.0f} | {r['baseline_ttft_ms']:,.0f} | **{r['speedup']:.2f}x** |")
-    return "\n".join(lines) + "\n"
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise SpbuildError(f"not a list of numbers: {text!r}") from err
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise SpbuildError(f"not a list of whole numbers: {text!r}") from err
+
+
+def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) -> tuple[Path, Path]:
+    """--target/--draft, or random-weight models of --shapes, made once (gguf-py of the fetched tree)."""
+    if args.target and args.draft:
+        return args.target, args.draft
+    shapes = args.shapes.split(",")
+    if len(shapes) != 2 or any(s not in SHAPES for s in shapes):
+        raise SpbuildError(f"--shapes takes TARGET,DRAFT among {', '.join(sorted(SHAPES))}, got {args.shapes!r}")
+    paths = []
+    for given, shape in zip((args.target, args.draft), shapes, strict=True):
+        path = given or models_dir / f"random-{shape}.gguf"
+        if not path.exists():
+            if tree is None:
+                raise SpbuildError(f"{path} does not exist, and making it needs the fetched tree (spbuild fetch)")
+            models_dir.mkdir(parents=True, exist_ok=True)
+            make(tree, "llama", shape, path, 131072)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
+            progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
+    """Run the bench the options describe and write its reports; returns the files written."""
+    from spbuild import reports  # matplotlib only when plotting
+
+    windows = _ints(args.window)
+    if any(w and w < 256 for w in windows):
+        raise SpbuildError(f"--window values are 0 (the whole prompt) or at least 256, got {args.window}")
+    plan = Plan(_ints(args.sizes), [Setting("keep", p, w) for w in windows for p in _floats(args.p)], args.repeat,
+                args.warmup)
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_ctx = max(plan.sizes)
+    leg: ServerLeg | ToolLeg
+    if args.via == "server":
+        leg = ServerLeg(bin_dir, target, draft, n_ctx, args.server_args.split(), args.draft_args.split(),
+                        out_dir / "server.log")
+    else:
+        leg = ToolLeg(bin_dir, target, draft, n_ctx, args.server_args.split(), args.draft_args.split(), out_dir)
+    step = progress(plan.steps) if progress else None
+    started = time.monotonic()
+    try:
+        rows = run(leg, bin_dir, draft, plan, out_dir, args.bench_args.split(), step)
+    finally:
+        leg.close()
+    meta = {"via": args.via, "target": str(target), "draft": str(draft), "sizes": plan.sizes, "repeat": plan.repeat,
+            "warmup": plan.warmup, "command": leg.command(), "elapsed_s": round(time.monotonic() - started, 1),
+            "describe": {"via": args.via, "target": target.name, "draft": draft.name, **(describe or {}),
+                         "repeat": f"{plan.warmup} warm-up + {plan.repeat} measured",
+                         "command": " ".join(leg.command())}}
+    plots = not args.no_plots and reports.can_plot()
+    if not args.no_plots and not plots:
+        print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
+    return reports.write(out_dir, "bench", meta, rows, plots=plots)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="python -m spbuild.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    ms = sub.add_parser("measure", help="as `spbuild bench`, with the build's bin/ folder given (for a machine "
+                        "without a spbuild workspace)")
+    ms.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
+    ms.add_argument("--tree", type=Path, help="the fetched llama.cpp tree, to make random models")
+    ms.add_argument("--models", type=Path, default=Path("models"), help="where random models are made")
+    add_arguments(ms)
     mk = sub.add_parser("make-model", help="write a random-weight GGUF of a named shape (see spbuild.models)")
     mk.add_argument("--tree", type=Path, required=True, help="the fetched llama.cpp tree (for gguf-py and the vocab)")
     mk.add_argument("--shape", choices=sorted(SHAPES), required=True, help="the model's shape, or its target's")
@@ -363,34 +444,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="a llama model, a Qwen3.5 target with an MTP head, or a draft for a llama target")
     mk.add_argument("--ctx", type=int, default=131072, help="trained context written into the model")
     mk.add_argument("out", type=Path)
-    rn = sub.add_parser("run", help="llama-specprefill against a full prefill, over prompt sizes and configs")
-    rn.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
-    rn.add_argument("--target", type=Path, required=True)
-    rn.add_argument("--draft", type=Path, required=True)
-    rn.add_argument("--sizes", default="8192,32768,131072")
-    rn.add_argument("--window", type=int, default=8192)
-    rn.add_argument("--out", type=Path, default=Path("bench-out"))
-    rn.add_argument("--bench-args", default="-b 4096 -ub 1024", help="llama-bench arguments (batch sizes)")
-    rn.add_argument("--only", help="comma-separated config names to run (default: all)")
-    rn.add_argument("--no-draft-bench", action="store_true", help="skip the llama-bench reference of the draft")
-    rn.add_argument("--scoring", default="auto",
-                    help="comma-separated places to reduce the attention rows: auto, host, graph "
-                         "(LLAMA_SPEC_PREFILL_SCORING); each adds its configs")
-    rn.add_argument("--tool-args", default="-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on",
-                    help="llama-specprefill arguments shared by every run")
-    sv = sub.add_parser("server", help="TTFT through llama-server over HTTP, spec prefill on and off, against the tool")
-    sv.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
-    sv.add_argument("--unpatched-bin", type=Path, help="bin/ of a build of the pin without the series")
-    sv.add_argument("--target", type=Path, required=True)
-    sv.add_argument("--draft", type=Path, required=True)
-    sv.add_argument("--sizes", default="32768,131072")
-    sv.add_argument("--window", type=int, default=8192)
-    sv.add_argument("--p", type=float, default=0.1)
-    sv.add_argument("--repeat", type=int, default=2, help="measured runs per setting (the fastest is reported)")
-    sv.add_argument("--out", type=Path, default=Path("bench-out"))
-    sv.add_argument("--server-args", default="-b 4096 -ub 1024 -ngl 99 -fa on",
-                    help="arguments shared by the servers (the unpatched one too) and the tool")
-    sv.add_argument("--draft-args", default="-nglpd 99", help="prefill-draft arguments of the patched server and the tool")
     sd = sub.add_parser("spec-decoding", help="decode speed and acceptance of speculative-decoding types, with spec "
                         "prefill off and on")
     sd.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
@@ -409,6 +462,23 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--out", type=Path, default=Path("bench-out"))
     sd.add_argument("--server-args", default="", help="arguments shared by every server (devices, -ngl, -fa)")
     args = parser.parse_args(argv)
+    if args.command == "measure":
+        target, draft = models_for(args, args.models, args.tree)
+
+        def progress(total: int) -> Callable[[str], None]:
+            done = [0]
+
+            def step(what: str) -> None:
+                done[0] += 1
+                print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
+            return step
+        try:
+            for path in measure(args, args.bin, target, draft, progress):
+                print(path)
+        except SpbuildError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "spec-decoding":
         types: dict[str, tuple[Path, list[str]]] = {}
         for spec_type, draft in (("draft-simple", args.draft), ("draft-eagle3", args.eagle3),
@@ -422,20 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         run_spec_decoding(args.bin, args.target, args.prefill_draft, types, [int(s) for s in args.sizes.split(",")],
                           args.p, args.n_predict, args.out, args.server_args.split(), args.repeat)
         return 0
-    if args.command == "server":
-        run_server(args.bin, args.target, args.draft, [int(s) for s in args.sizes.split(",")], args.window, args.p,
-                   args.out, args.server_args.split(), args.draft_args.split(), args.unpatched_bin, args.repeat)
-        return 0
-    if args.command == "make-model":
-        started = time.monotonic()
-        make(args.tree, args.kind, args.shape, args.out, args.ctx)
-        print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - started:.0f} s",
-              file=sys.stderr)
-        return 0
-    sizes = [int(s) for s in args.sizes.split(",")]
-    run(args.bin, args.target, args.draft, sizes, args.window, args.out, args.bench_args.split(),
-        args.tool_args.split(), args.only.split(",") if args.only else None, not args.no_draft_bench,
-        args.scoring.split(","))
+    started = time.monotonic()
+    make(args.tree, args.kind, args.shape, args.out, args.ctx)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - started:.0f} s",
+          file=sys.stderr)
     return 0
 
 

@@ -8,12 +8,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spbuild import __version__, bisect, cmake, doctor, health, install, patches, rebase, sources, vulkan_toolchain
-from spbuild.build import BuildRequest, all_builds, build, find_build
+from spbuild import (__version__, bench, bisect, cmake, doctor, evaluate, health, install, patches, rebase, reports,
+                     sources, vulkan_toolchain)
+from spbuild.build import BuildRecord, BuildRequest, all_builds, build, find_build
 from spbuild.console import console, info, phase, warn
 from spbuild.errors import PatchConflict, SpbuildError
 from spbuild.pin import load_pin
@@ -120,6 +124,70 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
                SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1")
     argv = [sys.executable, "-m", "pytest", str(project.root / "tests"), *pytest_args]
     return subprocess.run(argv, cwd=project.root, env=env).returncode
+
+
+def _bin_dir(args: argparse.Namespace, workspace: Workspace) -> tuple[Path, str]:
+    if args.build_dir:
+        record = BuildRecord.load(args.build_dir)
+        if record is None:
+            raise SpbuildError(f"{args.build_dir} is not a build spbuild made", hint="pass a folder under "
+                               f"{workspace.root / 'build'}, or --backend")
+    else:
+        record = find_build(workspace, args.backend)
+    return Path(record.build_dir) / "bin", f"{record.backend} build {Path(record.build_dir).name}, {record.commit[:12]}"
+
+
+def _progress(title: str, describe: Callable[[Any], str]) -> tuple[Progress, Callable[[int], Callable[[Any], None]]]:
+    """A progress bar over a run's steps, each step's description printed above it as it ends."""
+    progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+
+    def start(total: int) -> Callable[[Any], None]:
+        task = progress.add_task(title, total=total)
+
+        def step(item: Any) -> None:
+            progress.console.print(f"[dim]{describe(item)}[/dim]")
+            progress.advance(task)
+        return step
+    return progress, start
+
+
+def _written(files: list[Path], started: float) -> None:
+    info(f"[green]done[/green] in {time.monotonic() - started:.0f} s; wrote " + ", ".join(str(f) for f in files))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _, workspace = _context(args)
+    bin_dir, build_name = _bin_dir(args, workspace)
+    target, draft = bench.models_for(args, workspace.models_dir, workspace.source_dir)
+    info(f"bench through {args.via} with the {build_name}: {target.name} scored by {draft.name}; logs in {args.out}")
+    started = time.monotonic()
+    progress, start = _progress("bench", str)
+    with progress:
+        files = bench.measure(args, bin_dir, target, draft, start, {"build": build_name})
+    console.print((args.out / "results.md").read_text(), markup=False)
+    _written(files, started)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    _, workspace = _context(args)
+    bin_dir, build_name = _bin_dir(args, workspace)
+    info(f"eval through {args.via} with the {build_name}; logs in {args.out}")
+    started = time.monotonic()
+    progress, start = _progress("eval", evaluate.describe_row)
+    with progress:
+        files = evaluate.evaluate(args, bin_dir, start)
+    summary = reports.eval_markdown(json.loads((args.out / "results.json").read_text())["rows"])
+    console.print(summary.split("\n\n## ", 2)[0], markup=False)
+    _written(files, started)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    files = reports.rewrite(args.folder)
+    info("wrote " + ", ".join(str(f) for f in files))
+    return 0
 
 
 def _rebase_options(args: argparse.Namespace) -> rebase.RebaseOptions:
@@ -328,6 +396,25 @@ def parser() -> argparse.ArgumentParser:
     stat = sub.add_parser("status", parents=[common], help="the pin, the series' size per patch, and the tree's state")
     stat.add_argument("--json", action="store_true", help="also print every patch's files and hunks as JSON")
     stat.set_defaults(run=cmd_status)
+
+    bnch = sub.add_parser("bench", parents=[common], help="TTFT with spec prefill against the full prefill, side "
+                          "by side, with its phases and bound; JSON, Markdown, plots")
+    bnch.add_argument("--backend", choices=cmake.BACKENDS, help="which build (default: the newest)")
+    bnch.add_argument("--build-dir", type=Path, help="that build folder instead")
+    bench.add_arguments(bnch)
+    bnch.set_defaults(run=cmd_bench)
+
+    evl = sub.add_parser("eval", parents=[common], help="answer quality: evidence retention and answers against the "
+                         "full prefill's, on generated long-context tasks; JSON, Markdown, plots")
+    evl.add_argument("--backend", choices=cmake.BACKENDS, help="which build (default: the newest)")
+    evl.add_argument("--build-dir", type=Path, help="that build folder instead")
+    evaluate.add_arguments(evl)
+    evl.set_defaults(run=cmd_eval)
+
+    rep = sub.add_parser("report", parents=[common], help="the tables and plots of a bench or eval run again, from "
+                         "its results.json")
+    rep.add_argument("folder", type=Path, help="the run's --out folder")
+    rep.set_defaults(run=cmd_report)
 
     doc = sub.add_parser("doctor", parents=[common], help="check the machine and say how to install what is missing")
     doc.add_argument("--backend", choices=cmake.BACKENDS, help="backend to check (default: cpu and vulkan)")

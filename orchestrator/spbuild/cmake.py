@@ -25,6 +25,8 @@ _BACKEND_ARGS: dict[str, dict[str, str]] = {
 _PORTABLE_X86 = {"GGML_AVX": "ON", "GGML_AVX2": "ON", "GGML_FMA": "ON", "GGML_F16C": "ON", "GGML_BMI2": "ON"}
 
 PRODUCT_TARGETS = ("llama-server", "llama-specprefill")
+# `spbuild bench` times the draft's own prefill with upstream's llama-bench
+BENCH_TARGETS = ("llama-bench",)
 # the tests write tiny models (test-llama-archs), check the batch validator, and make a second quantisation of a model
 TEST_HELPER_TARGETS = ("test-llama-archs", "test-batch-alloc", "llama-quantize")
 
@@ -95,6 +97,7 @@ def default_targets(config: BuildConfig, source: Path) -> list[str]:
     # llama-specprefill exists once the series is applied
     targets = [t for t in PRODUCT_TARGETS
                if t == "llama-server" or (source / "tools" / t.removeprefix("llama-") / "CMakeLists.txt").is_file()]
+    targets += [t for t in BENCH_TARGETS if (source / "tools" / t / "CMakeLists.txt").is_file()]
     if config.rpc:
         targets.append(rpc_server_target(source))
     if config.test_helpers:

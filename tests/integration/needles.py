@@ -45,21 +45,3 @@ def make_needle(n_sentences: int, depth: float, seed: int) -> Needle:
     sentences.insert(int(depth * n_sentences), needle)
     prompt = " ".join(sentences) + "\nQuestion: What is the secret code?\nAnswer: The secret code is"
     return Needle(prompt, code, needle)
-
-
-def token_span(pieces: list[str], text: str, needle: str) -> range:
-    """The token indices whose pieces overlap `needle` inside `text` (the detokenised prompt)."""
-    joined = "".join(pieces)
-    start = joined.find(needle)
-    if start < 0:
-        raise ValueError("needle not found in the prompt's tokens")
-    end = start + len(needle)
-    first = last = None
-    offset = 0
-    for index, piece in enumerate(pieces):
-        if offset < end and offset + len(piece) > start:
-            first = index if first is None else first
-            last = index
-        offset += len(piece)
-    assert first is not None and last is not None
-    return range(first, last + 1)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from needles import make_needle, token_span
+from needles import make_needle
+
+from spbuild.tasks import token_span
 
 # 20 prompts from about 1,000 to 4,000 tokens, needles at depths spread over 10-90%
 CASES = [(100 + 300 * i // 19, 0.1 + 0.8 * ((i * 7) % 20) / 19, 1000 + i) for i in range(20)]
@@ -24,7 +26,7 @@ def _outcomes(build, target, draft, cases, tmp):
                        prompt=needle.prompt, timeout=900)
         assert run.returncode == 0, run.stderr[-2000:]
         report = run.report
-        span = token_span(report["prompt_pieces"], needle.prompt, needle.needle)
+        span = token_span(report["prompt_pieces"], needle.needle)
         kept = set(report["kept"])
         results.append({
             "seed": seed,

@@ -68,6 +68,33 @@ def test_a_long_prompt_is_scored_and_prefilled_sparsely(spec_server):
     assert kv["kv_first_gap"] >= 4, kv
 
 
+def test_return_kept_lists_the_prefilled_positions_as_ranges(spec_server):
+    prompt = words(3000, seed=5)
+    plain = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False))
+    assert "kept" not in plain  # only when asked: a 128K prompt's ranges are not small
+    sp = spec(complete(spec_server, prompt, id_slot=0, cache_prompt=False, spec_prefill={"return_kept": True}))
+    ranges = sp["kept"]
+    assert sp["status"] == "active" and len(ranges) > 1
+    assert all(begin < end for begin, end in ranges)
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))  # sorted, disjoint, not touching
+    assert sum(end - begin for begin, end in ranges) == sp["n_kept"] == plain["n_kept"]
+    assert ranges[0][0] == 0 and ranges[-1][1] == sp["n_prompt"]  # the first tokens and the last one
+    # the KV holds exactly those positions (and the generated tokens after N)
+    kv = slot_state(spec_server, 0)
+    assert kv["kv_first_gap"] == ranges[0][1]
+    # a reused dense prefix is one range, the new tokens' selection follows it
+    follow = prompt + " " + words(1500, seed=6)
+    dense = spec(complete(spec_server, prompt, id_slot=1, spec_prefill={"enabled": False}))
+    assert dense["status"] == "disabled"
+    more = spec(complete(spec_server, follow, id_slot=1, spec_prefill={"return_kept": True}))
+    # (merged with the selection's first chunk where that starts right after it)
+    assert more["n_reused"] > 0 and more["kept"][0][0] == 0 and more["kept"][0][1] >= more["n_reused"], more
+    assert sum(end - begin for begin, end in more["kept"]) == more["n_kept"] < more["n_prompt"]
+    # not scored: every position, in one range
+    short = spec(complete(spec_server, words(100), spec_prefill={"return_kept": True}))
+    assert short["status"] == "skipped_min_tokens" and short["kept"] == [[0, short["n_prompt"]]]
+
+
 def test_short_prompts_and_disabled_requests_say_so(spec_server):
     short = spec(complete(spec_server, words(100)))
     assert short["status"] == "skipped_min_tokens" and short["n_kept"] == short["n_prompt"], short
@@ -103,6 +130,7 @@ def test_per_request_settings_change_the_selection(spec_server):
     ({"spec_prefill": {"min_tokens": -5}}, "spec_prefill.min_tokens"),
     ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
     ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
+    ({"spec_prefill": {"return_kept": 1}}, "spec_prefill.return_kept"),
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),

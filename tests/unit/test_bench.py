@@ -1,44 +1,92 @@
-"""The benchmark's configuration matrix and its table (the runs themselves need a GPU: docs/benchmarks.md)."""
+"""The bench's bookkeeping: llama-bench's samples, failures recorded as rows, the table and the plot (real runs:
+tests/integration/test_eval_bench.py, and docs/benchmarks.md on a GPU)."""
 
 from __future__ import annotations
 
-from spbuild import bench
+import json
+from pathlib import Path
+
+import pytest
+
+from spbuild import bench, reports
+from spbuild.errors import SpbuildError
+from spbuild.evaluate import Setting
 
 
-def test_each_scoring_place_adds_its_configs_with_its_environment():
-    configs = bench.default_configs(8192, ["auto", "host"])
-    names = [c.name for c in configs]
-    assert names[:4] == ["p=0.1 full", "p=0.1 window 8K", "p=0.3 full", "p=0.3 window 8K"]
-    assert names[4:] == [n + " [host scoring]" for n in names[:4]]
-    assert all(c.env == {} for c in configs[:4])
-    assert all(c.env == {"LLAMA_SPEC_PREFILL_SCORING": "host"} for c in configs[4:])
-    windowed = configs[1]
-    assert windowed.args[windowed.args.index("--spec-prefill-window") + 1] == "8192"
+def _script(path: Path, text: str) -> Path:
+    path.write_text("#!/bin/sh\n" + text)
+    path.chmod(0o755)
+    return path
 
 
-def test_table_shows_the_scoring_phases_and_the_speedup():
-    row = {"n_prompt": 32769, "config": "p=0.1 full", "kept": 3360, "windows": 1, "parallel": 1, "score_ms": 867.0,
-           "score_draft_prefill_ms": 812.0, "score_query_ms": 48.0, "score_over_draft": 1.4, "prefill_ms": 127.0,
-           "ttft_ms": 1006.0, "baseline_ttft_ms": 2382.0, "speedup": 2.37}
-    table = bench.markdown([row])
-    assert "| 32,769 | p=0.1 full | 3,360 | 1 (1) | 867 (812 + 48) | 1.40x | 127 | 1,006 | 2,382 | **2.37x** |" in table
+def test_the_draft_prefill_is_read_from_llama_bench_samples(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "llama-bench", """echo '[{"avg_ns": 2000000, "samples_ns": [1000000, 3000000, 2500000]}]'\n""")
+    spread, argv = bench.draft_prefill(bin_dir, tmp_path / "d.gguf", 8192, 3, ["-ngl", "99"], tmp_path / "b.log")
+    assert (spread.median, spread.low, spread.high, spread.n) == (2.5, 1.0, 3.0, 3)
+    assert argv[argv.index("-p") + 1] == "8192" and argv[argv.index("-r") + 1] == "3" and argv[-2:] == ["-ngl", "99"]
+    # no llama-bench in the build: no number, and the log says why
+    (bin_dir / "llama-bench").unlink()
+    spread, _ = bench.draft_prefill(bin_dir, tmp_path / "d.gguf", 8192, 3, [], tmp_path / "b.log")
+    assert spread.n == 0 and "spbuild build" in (tmp_path / "b.log").read_text()
 
 
-def test_a_failed_run_is_recorded_and_the_run_goes_on(tmp_path):
-    """A benchmark process that fails, or writes no report, becomes a row that says so; the next config still runs."""
+def test_a_failing_tool_run_is_a_row_and_the_next_setting_still_runs(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
-    tool = bin_dir / "llama-specprefill"
-    tool.write_text(f"#!/bin/sh\necho run >> {calls}\necho 'no model here' >&2\nexit 1\n")
-    tool.chmod(0o755)
-    rows = bench.run(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf", [100], 8192, tmp_path / "out", [], [],
-                     only=["p=0.1 full", "p=0.3 full"], draft_bench=False)
-    assert [(r["config"], r["status"], r["reason"]) for r in rows] == [
-        ("p=0.1 full", "failed", "exit code 1"), ("p=0.3 full", "failed", "exit code 1")]
+    _script(bin_dir / "llama-specprefill", f"echo run >> {calls}\necho 'no model here' >&2\nexit 1\n")
+    leg = bench.ToolLeg(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf", 512, [], [], tmp_path)
+    plan = bench.Plan([256], [Setting("keep", 0.1), Setting("keep", 0.3, 1024)], repeat=2, warmup=1)
+    rows = bench.run(leg, bin_dir, tmp_path / "d.gguf", plan, tmp_path / "out")
+    assert [r["setting"] for r in rows] == ["p=0.1 full", "p=0.3 W=1024"]
+    assert all("exit code 1" in r["error"] for r in rows)
     assert calls.read_text().count("run") == 2
-    assert "failed: exit code 1" in (tmp_path / "out" / "results.md").read_text()
-    assert "no model here" in (tmp_path / "out" / "run-100-0.log").read_text()
+    assert "no model here" in (tmp_path / "tool-1.log").read_text()
+    assert "failed: llama-specprefill failed" in reports.bench_markdown(rows)
+
+
+def test_a_server_that_does_not_start_stops_the_bench_with_its_log(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "llama-server", "echo 'error: cannot load the model' >&2\nexit 1\n")
+    with pytest.raises(SpbuildError, match="cannot load the model"):
+        bench.ServerLeg(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf", 1024, [], [], tmp_path / "server.log")
+
+
+def test_a_plan_needs_something_to_measure():
+    with pytest.raises(SpbuildError, match="--repeat"):
+        bench.Plan([1024], [Setting("keep", 0.1)], repeat=0)
+    with pytest.raises(SpbuildError, match="nothing to measure"):
+        bench.Plan([], [Setting("keep", 0.1)])
+    assert bench.Plan([1024, 2048], [Setting("keep", 0.1), Setting("keep", 0.3)]).steps == 8
+
+
+def _bench_row(n: int, setting: str, full: float, spec: float, draft: float, sparse: float) -> dict:
+    def spread(v: float) -> dict:
+        return {"median": v, "low": v * 0.98, "high": v * 1.03, "n": 3}
+
+    bound = full / (draft + sparse)
+    return {"n_prompt": n, "setting": setting, "select": "keep", "value": 0.1, "window": 0, "status": "active",
+            "reason": "", "n_kept": n // 10, "n_windows": 1, "full_ttft_ms": spread(full), "spec_ttft_ms": spread(spec),
+            "queue_ms": spread(0.1), "score_ms": spread(spec - sparse), "score_draft_prefill_ms": spread(draft * 1.05),
+            "score_query_ms": spread(30.0), "sparse_prefill_ms": spread(sparse), "draft_prefill_ms": spread(draft),
+            "speedup": full / spec, "bound": bound, "of_bound": full / spec / bound}
+
+
+def test_the_bench_table_and_plot_show_speedup_bound_and_phases(tmp_path):
+    rows = [_bench_row(n, s, n * 0.1, n * f, n * 0.02, n * 0.01) for n in (8192, 32768)
+            for s, f in (("p=0.1 full", 0.034), ("p=0.1 W=8192", 0.04))]
+    rows.append({"n_prompt": 131072, "setting": "p=0.1 full", "select": "keep", "value": 0.1, "window": 0,
+                 "error": "llama-server answered 400: too long"})
+    table = reports.bench_markdown(rows)
+    assert ("| 32,768 | p=0.1 full | active | 3,276 | 3,277 [3,211, 3,375] | 1,114 [1,092, 1,148] | **2.94x** | "
+            "3.33x | 88% | 786 (688 + 30) | 328 | 655 [642, 675] |") in table
+    assert "| 131,072 | p=0.1 full | failed: llama-server answered 400: too long |" in table
+    files = reports.write(tmp_path, "bench", {"describe": {"via": "server"}}, rows)
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG" and tmp_path / "bench.png" in files
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["bound"] == pytest.approx(10 / 3)
 
 
 def test_spec_decoding_table_shows_acceptance_and_decode_speed_on_and_off():

