@@ -197,8 +197,10 @@ class ToolLeg:
 
 
 def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_dir: Path,
-        bench_args: Sequence[str] = (), on_step: Callable[[str], None] | None = None) -> list[dict]:
-    """Every size under the full prefill and every setting: warm-up runs, then `plan.repeat` measured ones."""
+        bench_args: Sequence[str] = (), on_step: Callable[[str], None] | None = None,
+        on_size: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Every size under the full prefill and every setting: warm-up runs, then `plan.repeat` measured ones.
+    `on_size` gets the rows so far after each size."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     step = on_step or (lambda _: None)
@@ -224,6 +226,8 @@ def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_di
         t_full = Spread.of([r["ttft_ms"] for r in full])
         for setting, runs in measured.items():
             rows.append(_row(n, setting, runs, t_full, t_draft, draft_argv))
+        if on_size:
+            on_size(rows)
     return rows
 
 
@@ -412,20 +416,23 @@ def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
     else:
         leg = ToolLeg(bin_dir, target, draft, n_ctx, args.server_args.split(), args.draft_args.split(), out_dir)
     step = progress(plan.steps) if progress else None
-    started = time.monotonic()
-    try:
-        rows = run(leg, bin_dir, draft, plan, out_dir, args.bench_args.split(), step)
-    finally:
-        leg.close()
     meta = {"via": args.via, "target": str(target), "draft": str(draft), "sizes": plan.sizes, "repeat": plan.repeat,
-            "warmup": plan.warmup, "command": leg.command(), "elapsed_s": round(time.monotonic() - started, 1),
+            "warmup": plan.warmup, "command": leg.command(),
             "describe": {"via": args.via, "target": target.name, "draft": draft.name, **(describe or {}),
                          "repeat": f"{plan.warmup} warm-up + {plan.repeat} measured",
                          "command": " ".join(leg.command())}}
+    started = time.monotonic()
+    try:
+        # the reports grow with every size, so a run cut short keeps what it measured
+        rows = run(leg, bin_dir, draft, plan, out_dir, args.bench_args.split(), step,
+                   lambda so_far: reports.write(out_dir, "bench", {**meta, "complete": False}, so_far, plots=False))
+    finally:
+        leg.close()
+    meta["elapsed_s"] = round(time.monotonic() - started, 1)
     plots = not args.no_plots and reports.can_plot()
     if not args.no_plots and not plots:
         print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
-    return reports.write(out_dir, "bench", meta, rows, plots=plots)
+    return reports.write(out_dir, "bench", {**meta, "complete": True}, rows, plots=plots)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -423,8 +424,14 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # a terminated run unwinds like an interrupted one: the servers it started are stopped in their `finally`
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if args.command == "test":
             return cmd_test(args, rest)

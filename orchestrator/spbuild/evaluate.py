@@ -344,26 +344,34 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
                               out_dir / "tool")
         count = None
     started = time.monotonic()
+    rows: list[dict] = []
     try:
         cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count)
         with (out_dir / "cases.jsonl").open("w") as f:
             for case in cases:
                 f.write(json.dumps(asdict(case)) + "\n")
-        on_row = progress(len(cases) * len(settings)) if progress else None
-        rows = run(backend, cases, settings, on_row)
+        meta = {"via": args.via, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
+                "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
+                "describe": {"via": args.via, "target": target.name, "draft": draft.name,
+                             "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
+                                      f"{', '.join(map(str, lengths))}; depths {', '.join(map(str, depths))})",
+                             "command": " ".join(backend.command())}}
+        shown = progress(len(cases) * len(settings)) if progress else None
+
+        def on_row(row: dict) -> None:
+            # the reports grow with every row, so a run cut short keeps what it measured
+            rows.append(row)
+            reports.write(out_dir, "eval", {**meta, "complete": False}, rows, plots=False)
+            if shown:
+                shown(row)
+        run(backend, cases, settings, on_row)
     finally:
         backend.close()
-    meta = {"via": args.via, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
-            "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
-            "elapsed_s": round(time.monotonic() - started, 1),
-            "describe": {"via": args.via, "target": target.name, "draft": draft.name,
-                         "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
-                                  f"{', '.join(map(str, lengths))}; depths {', '.join(map(str, depths))})",
-                         "command": " ".join(backend.command())}}
+    meta["elapsed_s"] = round(time.monotonic() - started, 1)
     plots = not args.no_plots and reports.can_plot()
     if not args.no_plots and not plots:
         print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
-    return reports.write(out_dir, "eval", meta, rows, plots=plots)
+    return reports.write(out_dir, "eval", {**meta, "complete": True}, rows, plots=plots)
 
 
 def main(argv: list[str] | None = None) -> int:

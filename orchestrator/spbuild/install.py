@@ -93,7 +93,9 @@ def plan(report: doctor.Report, manager: str | None, root: bool | None = None) -
 
 def fix(backend: str, logs_dir: Path) -> doctor.Report:
     """Install what the doctor misses for `backend`, then diagnose again; the report afterwards."""
-    report = doctor.diagnose(backend, probe_device=False)
+    # with the device probe: a machine without a Vulkan driver gets Mesa's (the driver of AMD and Intel GPUs, and
+    # lavapipe, the CPU device the tests use)
+    report = doctor.diagnose(backend, probe_device=True)
     manager = package_manager()
     steps = plan(report, manager)
     if steps.cannot and not steps.commands:

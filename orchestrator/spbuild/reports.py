@@ -250,6 +250,8 @@ def write(out_dir: Path, kind: str, meta: dict, rows: list[dict], plots: bool = 
     (out_dir / "results.json").write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
     table = eval_markdown(rows) if kind == "eval" else bench_markdown(rows)
     header = f"# spbuild {kind}\n\n" + "".join(f"- {k}: `{v}`\n" for k, v in meta.get("describe", {}).items()) + "\n"
+    if meta.get("complete") is False:
+        header += f"**Partial: {len(rows)} rows so far (the run is going on, or was cut short).**\n\n"
     (out_dir / "results.md").write_text(header + table)
     written = [out_dir / "results.json", out_dir / "results.md"]
     if plots:

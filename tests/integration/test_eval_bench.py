@@ -42,6 +42,7 @@ def test_eval_writes_every_case_under_every_setting(eval_through_server):
     out, proc = eval_through_server
     document = json.loads((out / "results.json").read_text())
     rows = document["rows"]
+    assert document["complete"] is True
     assert len(document["cases"]) == 12 and len(document["settings"]) == 4 and len(rows) == 48
     assert {(r["case"], r["setting"]) for r in rows} == {(c["id"], s["name"]) for c in document["cases"]
                                                          for s in document["settings"]}
@@ -112,6 +113,7 @@ def test_bench_measures_both_prefills_side_by_side_with_phases_and_bound(via, bu
     assert proc.returncode == 0, proc.stderr[-3000:]
     document = json.loads((out / "results.json").read_text())
     rows = document["rows"]
+    assert document["complete"] is True
     assert [(r["n_prompt"], r["setting"]) for r in rows] == [(1024, "p=0.2 full"), (1024, "p=0.2 W=512"),
                                                             (2048, "p=0.2 full"), (2048, "p=0.2 W=512")]
     for r in rows:
@@ -148,3 +150,39 @@ def test_bench_module_runs_without_a_workspace(build, bpe_models, tmp_path):
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert len(rows) == 1 and rows[0]["spec_ttft_ms"]["n"] == 1
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def test_a_terminated_eval_stops_its_server(build, bpe_models, workspace, tmp_path):
+    """SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C: the llama-server the run started does not outlive it."""
+    import signal
+    import time
+
+    env = {**os.environ, "SPBUILD_WORKDIR": str(workspace.root)}
+    proc = subprocess.Popen([sys.executable, "-m", "spbuild", "eval", "--build-dir", build.record.build_dir,
+                             "--target", str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--lengths",
+                             "2048", "--seeds", "20", "--server-args", CPU, "--out", str(tmp_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    servers: list[int] = []
+    while time.monotonic() < deadline and not (tmp_path / "results.json").exists():
+        servers = _children(proc.pid) or servers
+        time.sleep(0.2)
+    assert servers and (tmp_path / "results.json").exists(), "the eval did not get going"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "llama-server outlived the eval"
+    # what it measured so far is kept, and says so
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["complete"] is False and document["rows"]

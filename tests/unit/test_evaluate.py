@@ -129,6 +129,14 @@ def test_reports_write_tables_plots_and_again_from_the_json(tmp_path):
     assert (tmp_path / "results.md").read_text() == first and (tmp_path / "eval-vs-p.png").exists()
 
 
+def test_a_run_in_progress_says_it_is_partial(tmp_path):
+    rows = [_row("p=0.2 full", 0.2, 0, True, True, True)]
+    reports.write(tmp_path, "eval", {"complete": False}, rows, plots=False)
+    assert "Partial: 1 rows so far" in (tmp_path / "results.md").read_text()
+    reports.write(tmp_path, "eval", {"complete": True}, rows, plots=False)
+    assert "Partial" not in (tmp_path / "results.md").read_text()
+
+
 def test_report_refuses_a_folder_without_results(tmp_path):
     with pytest.raises(SpbuildError, match="results.json not found"):
         reports.rewrite(tmp_path)
