@@ -225,8 +225,39 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
         "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
         "full_correct": tasks.is_correct(case, full.text), "spec_correct": tasks.is_correct(case, spec.text),
+        # for looking into changed answers afterwards: what around the evidence and before the question was kept
+        "context_kept": _share_kept(kept, _around(spans, CONTEXT_TOKENS, len(pieces))),
+        "tail_kept": _share_kept(kept, range(max(0, len(pieces) - TAIL_TOKENS), len(pieces))),
+        "evidence_spans": [[s.start, s.stop] for s in spans],
+        "kept_ranges": _ranges(sorted(kept)) if kept is not None else None,
         "timings": spec.timings,
     }
+
+
+CONTEXT_TOKENS = 32  # the tokens on either side of an evidence line that `context_kept` covers
+TAIL_TOKENS = 256  # the prompt's end (the question and the lines before it) that `tail_kept` covers
+
+
+def _around(spans: Sequence[range], width: int, n: int) -> list[int]:
+    inside = {i for s in spans for i in s}
+    near = {i for s in spans for i in range(max(0, s.start - width), min(n, s.stop + width))}
+    return sorted(near - inside)
+
+
+def _share_kept(kept: set[int] | None, positions: Sequence[int]) -> float | None:
+    if kept is None or not positions:
+        return None
+    return round(sum(1 for i in positions if i in kept) / len(positions), 4)
+
+
+def _ranges(positions: Sequence[int]) -> list[list[int]]:
+    ranges: list[list[int]] = []
+    for i in positions:
+        if ranges and ranges[-1][1] == i:
+            ranges[-1][1] = i + 1
+        else:
+            ranges.append([i, i + 1])
+    return ranges
 
 
 def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Setting],

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from spbuild.errors import SpbuildError
+from spbuild.evaluate import CONTEXT_TOKENS, TAIL_TOKENS
 from spbuild.stats import Rate, rate
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -84,6 +85,13 @@ def eval_markdown(rows: Sequence[dict]) -> str:
                 cells.append(f"{agree} / {kept.value:.0%}" if kept.n else str(agree))
             out.append(f"| {setting} | " + " | ".join(cells) + " |")
     changed = [r for r in rows if r.get("evidence_retained") and not r.get("agree")]
+    stayed = [r for r in rows if r.get("evidence_retained") and r.get("agree") and r.get("status") == "active"]
+    if changed and any(r.get("context_kept") is not None for r in changed):
+        out += ["", "## What else was kept, for answers with all their evidence kept", "",
+                f"| answers | cases | kept within {CONTEXT_TOKENS} tokens of the evidence | kept of the last {TAIL_TOKENS} tokens |",
+                "|---|---|---|---|"]
+        for label, group in (("the same as the full prefill's", stayed), ("changed", changed)):
+            out.append(f"| {label} | {len(group)} | {_mean(group, 'context_kept')} | {_mean(group, 'tail_kept')} |")
     if changed:
         out += ["", "## Answers that changed although every evidence line was kept", "",
                 "| case | setting | expected | full prefill | spec prefill |", "|---|---|---|---|---|"]
@@ -96,6 +104,11 @@ def eval_markdown(rows: Sequence[dict]) -> str:
     if failed:
         out += ["", "## Failed", ""] + [f"- {r['case']} {r['setting']}: {r['error'][-200:]}" for r in failed[:20]]
     return "\n".join(out) + "\n"
+
+
+def _mean(rows: Sequence[dict], field: str) -> str:
+    values = [r[field] for r in rows if r.get(field) is not None]
+    return f"{sum(values) / len(values):.0%}" if values else "-"
 
 
 def _quote(text: str) -> str:

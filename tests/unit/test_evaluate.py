@@ -74,6 +74,13 @@ def test_a_row_says_what_was_kept_and_answered():
     assert not half["evidence_retained"] and not half["agree"] and not half["spec_correct"] and half["full_correct"]
     assert half["spec_answer"] == "12:46:0" and half["full_answer"] == f"{case.answer}."
     assert backend.calls.count("full") == 1  # the full prefill once per case, whatever the settings
+    # the kept set as ranges, the evidence spans, and the share kept around the evidence and at the end
+    assert everything["kept_ranges"] == [[0, everything["n_prompt"]]] and everything["context_kept"] == 1.0
+    assert sum(e - b for b, e in half["kept_ranges"]) == half["n_kept"]
+    assert all(e - b == 16 for b, e in half["kept_ranges"][:-1])  # spans of 16, every other one
+    (start, stop), = half["evidence_spans"]
+    assert stop - start == half["evidence_tokens"]
+    assert 0.3 < half["context_kept"] < 0.7 and 0.3 < half["tail_kept"] < 0.7
 
 
 def test_a_failing_request_is_a_row_and_the_run_goes_on():
@@ -110,6 +117,10 @@ def test_the_summary_counts_answers_that_changed_although_the_evidence_was_kept(
     table = reports.eval_markdown(rows)
     assert "| p=0.2 full | 3 | 20.0% | 67% (2/3) | 33% (1/3) | 33% (1/3) | 100% (3/3) | 1 | 0 |" in table
     assert "| needle-2048 | p=0.2 full | 52445 | `52445.` | `12445.` |" in table
+    rows[0].update(context_kept=0.5, tail_kept=1.0)
+    rows[1].update(context_kept=0.25, tail_kept=0.5)
+    table = reports.eval_markdown(rows)
+    assert "| the same as the full prefill's | 1 | 50% | 100% |" in table and "| changed | 1 | 25% | 50% |" in table
 
 
 def test_reports_write_tables_plots_and_again_from_the_json(tmp_path):
