@@ -291,8 +291,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _, workspace = _context(args)
         for backend in backends:
             install.fix(backend, workspace.logs_dir)
+    try:
+        source = _context(args)[1].source_dir
+    except SpbuildError:
+        source = None
+    tree = source if source is not None and source.is_dir() else None  # its own glslc probes, once fetched
     for backend in backends:
-        report = doctor.diagnose(backend)
+        report = doctor.diagnose(backend, tree=tree)
         table = Table(title=f"{backend} build", show_header=False, title_justify="left")
         style = {doctor.OK: "[green]ok[/green]", doctor.WARN: "[yellow]warn[/yellow]", doctor.FAIL: "[red]missing[/red]"}
         for check in report.checks:

@@ -7,7 +7,6 @@ import platform
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +31,12 @@ ADVICE: dict[str, tuple[str, str, str]] = {
                       "brew install spirv-headers"),
     "vulkan-device": ("sudo apt-get install -y vulkan-tools mesa-vulkan-drivers",
                       "sudo dnf install -y vulkan-tools mesa-vulkan-drivers", "brew install vulkan-tools molten-vk"),
-    "vulkan-sdk": ("install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home) and `source <sdk>/setup-env.sh`",
-                   "install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home) and `source <sdk>/setup-env.sh`",
-                   "install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home)"),
+    "vulkan-fast-paths": (
+        "nothing to do: `spbuild build --vulkan` (--glslc auto) uses Debian trixie's glslc and headers from "
+        "<workdir>/toolchain where they run; or install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home)",
+        "nothing to do: `spbuild build --vulkan` (--glslc auto) uses Debian trixie's glslc and headers from "
+        "<workdir>/toolchain where they run; or install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home)",
+        "install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home)"),
     "nvcc": ("sudo apt-get install -y nvidia-cuda-toolkit  (or NVIDIA's CUDA repository)",
              "sudo dnf install -y cuda-toolkit  (from NVIDIA's CUDA repository)", "CUDA is not available on macOS"),
     "icpx": ("install the Intel oneAPI Base Toolkit and `source /opt/intel/oneapi/setvars.sh`",
@@ -43,16 +45,6 @@ ADVICE: dict[str, tuple[str, str, str]] = {
               "sudo dnf install -y rocm-hip-devel hipblas-devel rocblas-devel", "ROCm is not available on macOS"),
     "metal": ("Metal needs macOS", "Metal needs macOS", "xcode-select --install"),
 }
-
-# The shader-language extensions ggml-vulkan's configure step probes glslc for; without them the fast
-# matrix paths are not compiled (measured: Debian 12's glslc has none, 8B prefill ran 8.8x slower than CUDA).
-SHADER_FEATURES: dict[str, str] = {
-    "GL_KHR_cooperative_matrix": "tensor-core matmul (coopmat)",
-    "GL_NV_cooperative_matrix2": "NVIDIA coopmat2 matmul and flash attention",
-    "GL_EXT_integer_dot_product": "int8 dot-product matmul for quantized models",
-    "GL_EXT_bfloat16": "bf16 matmul",
-}
-
 
 @dataclass
 class Check:
@@ -196,28 +188,16 @@ def check_glslc() -> Check:
     return Check("glslc", OK, f"{_first_line(proc.stdout) if proc else '?'} ({path})")
 
 
-def glslc_supports(glslc: str, extension: str) -> bool:
-    """The same probe ggml-vulkan's CMakeLists runs: compile a compute shader that requires the extension."""
-    source = f"#version 460\n#extension {extension} : require\nvoid main() {{}}\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        shader = Path(tmp) / "probe.comp"
-        shader.write_text(source)
-        proc = _run([glslc, "-o", os.devnull, "-fshader-stage=compute", "--target-env=vulkan1.3", str(shader)])
-    if proc is None:
-        return False
-    return f"extension not supported: {extension}" not in proc.stderr
-
-
-def check_shader_features() -> list[Check]:
+def check_shader_features(tree: Path | None = None) -> list[Check]:
+    """The system glslc against ggml-vulkan's shader-extension probes (the tree's own, once fetched)."""
     glslc = glslc_path()
     if not glslc:
         return []
     checks = []
-    for extension, what in SHADER_FEATURES.items():
-        if glslc_supports(glslc, extension):
-            checks.append(Check(f"glslc {extension}", OK, what))
-        else:
-            checks.append(Check(f"glslc {extension}", WARN, f"not supported: no {what}", "vulkan-sdk"))
+    for extension, ok in vulkan_toolchain.probe(Path(glslc), tree).items():
+        what = vulkan_toolchain.FEATURES.get(extension, extension)
+        checks.append(Check(f"glslc {extension}", OK, what) if ok else
+                      Check(f"glslc {extension}", WARN, f"not supported: no {what}", "vulkan-fast-paths"))
     return checks
 
 
@@ -252,7 +232,8 @@ def check_program(name: str, label: str) -> Check:
     return Check(label, OK, path) if path else Check(label, FAIL, f"{name} not found", name)
 
 
-def diagnose(backend: str, *, probe_device: bool = True) -> Report:
+def diagnose(backend: str, *, probe_device: bool = True, tree: Path | None = None) -> Report:
+    """What the machine has for a build of `backend`; `tree`, the fetched llama.cpp, makes the glslc probes its own."""
     report = Report(backend)
     report.checks += [
         check_compiler(),
@@ -263,7 +244,7 @@ def diagnose(backend: str, *, probe_device: bool = True) -> Report:
     ]
     if backend == "vulkan":
         report.checks += [check_vulkan_headers(), check_vulkan_loader(), check_glslc(), check_spirv_headers()]
-        report.checks += check_shader_features()
+        report.checks += check_shader_features(tree)
         if probe_device:
             report.checks.append(check_vulkan_device())
     elif backend == "cuda":

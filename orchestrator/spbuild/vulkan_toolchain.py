@@ -72,8 +72,28 @@ def compiles(glslc: Path, shader: Path) -> bool:
     return proc.returncode == 0
 
 
-def probe(glslc: Path, tree: Path) -> dict[str, bool]:
-    return {ext: compiles(glslc, shader) for ext, shader in feature_probes(tree).items()}
+# what each shader extension ggml-vulkan probes for gives (bf16 is not a fast path here: no glslc we ship has it)
+FEATURES: dict[str, str] = {
+    "GL_KHR_cooperative_matrix": "tensor-core matmul (coopmat)",
+    "GL_NV_cooperative_matrix2": "NVIDIA coopmat2 matmul and flash attention",
+    "GL_EXT_integer_dot_product": "int8 dot-product matmul for quantized models",
+    "GL_EXT_bfloat16": "bf16 matmul",
+}
+
+
+def probe(glslc: Path, tree: Path | None) -> dict[str, bool]:
+    """{extension: glslc compiles its probe}: the tree's own feature tests where a fetched tree has them, else a
+    minimal shader requiring each extension of FEATURES (before anything is fetched)."""
+    probes = feature_probes(tree) if tree is not None else {}
+    if probes:
+        return {ext: compiles(glslc, shader) for ext, shader in probes.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        result = {}
+        for ext in FEATURES:
+            shader = Path(tmp) / f"{ext}.comp"
+            shader.write_text(f"#version 460\n#extension {ext} : require\nvoid main() {{}}\n")
+            result[ext] = compiles(glslc, shader)
+        return result
 
 
 def version(glslc: Path) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import doctor
+from spbuild import doctor, vulkan_toolchain
 from spbuild.doctor import FAIL, OK, WARN, Check
 
 SYSTEM_GLSLC = "/usr/bin/glslc"
@@ -144,12 +144,17 @@ def make_fake_glslc(where: Path, unsupported: list[str]) -> Path:
     return script
 
 
+def _supports(glslc: str | Path, extension: str, tmp_path: Path) -> bool:
+    shader = tmp_path / "probe.comp"
+    shader.write_text(f"#version 460\n#extension {extension} : require\nvoid main() {{}}\n")
+    return vulkan_toolchain.compiles(Path(glslc), shader)
+
+
 def test_shader_feature_probe_with_a_fake_glslc(tmp_path, monkeypatch):
     fake = make_fake_glslc(tmp_path / "bin", ["GL_KHR_cooperative_matrix", "GL_EXT_bfloat16"])
-    assert not doctor.glslc_supports(str(fake), "GL_KHR_cooperative_matrix")
-    assert doctor.glslc_supports(str(fake), "GL_EXT_integer_dot_product")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.delenv("VULKAN_SDK", raising=False)
+    # before anything is fetched: a minimal shader for each extension ggml-vulkan probes for
     checks = {c.name: c for c in doctor.check_shader_features()}
     assert checks["glslc GL_KHR_cooperative_matrix"].status == WARN
     assert checks["glslc GL_EXT_bfloat16"].status == WARN
@@ -160,28 +165,49 @@ def test_shader_feature_probe_with_a_fake_glslc(tmp_path, monkeypatch):
     assert warning is not None
     assert "GL_KHR_cooperative_matrix" in warning and "GL_EXT_bfloat16" in warning
     assert "GL_EXT_integer_dot_product" not in warning
-    assert "vulkan.lunarg.com" in checks["glslc GL_KHR_cooperative_matrix"].advice()[0]
+    # the advice is spbuild's own toolchain first, not a manual SDK install
+    advice = checks["glslc GL_KHR_cooperative_matrix"].advice()[0]
+    assert "spbuild build --vulkan" in advice and "trixie" in advice
     assert doctor.Report("vulkan", [checks["glslc GL_EXT_integer_dot_product"]]).shader_warning() is None
+    assert fake.exists()
 
 
-def test_glslc_supports_a_missing_binary_is_false(tmp_path):
-    assert not doctor.glslc_supports(str(tmp_path / "no-glslc"), "GL_EXT_shader_explicit_arithmetic_types")
+def test_with_a_fetched_tree_the_doctor_runs_the_trees_own_probes(tmp_path, monkeypatch):
+    make_fake_glslc(tmp_path / "bin", ["GL_KHR_cooperative_matrix"])
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("VULKAN_SDK", raising=False)
+    vulkan = tmp_path / "tree" / "ggml" / "src" / "ggml-vulkan"
+    tests = vulkan / "vulkan-shaders" / "feature-tests"
+    tests.mkdir(parents=True)
+    (tests / "coopmat.comp").write_text("#version 460\n#extension GL_KHR_cooperative_matrix : require\nvoid main() {}\n")
+    (tests / "integer_dot.comp").write_text("#version 460\n#extension GL_EXT_integer_dot_product : require\nvoid main() {}\n")
+    (vulkan / "CMakeLists.txt").write_text(
+        'test_shader_extension_support(\n    "GL_KHR_cooperative_matrix"\n    "${CMAKE_CURRENT_SOURCE_DIR}/vulkan-shaders/'
+        'feature-tests/coopmat.comp"\n    "GGML_VULKAN_COOPMAT_GLSLC_SUPPORT")\n'
+        'test_shader_extension_support(\n    "GL_EXT_integer_dot_product"\n    "${CMAKE_CURRENT_SOURCE_DIR}/vulkan-shaders/'
+        'feature-tests/integer_dot.comp"\n    "GGML_VULKAN_INTEGER_DOT_GLSLC_SUPPORT")\n')
+    checks = {c.name: c.status for c in doctor.check_shader_features(tmp_path / "tree")}
+    assert checks == {"glslc GL_KHR_cooperative_matrix": WARN, "glslc GL_EXT_integer_dot_product": OK}
+
+
+def test_a_glslc_that_does_not_run_supports_nothing(tmp_path):
+    assert not _supports(tmp_path / "no-glslc", "GL_EXT_shader_explicit_arithmetic_types", tmp_path)
 
 
 @needs_glslc
 def test_system_glslc_lacks_cooperative_matrix():
-    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_KHR_cooperative_matrix") is False
+    assert vulkan_toolchain.probe(Path(SYSTEM_GLSLC), None)["GL_KHR_cooperative_matrix"] is False
 
 
 @needs_glslc
-def test_system_glslc_has_explicit_arithmetic_types():
+def test_system_glslc_has_explicit_arithmetic_types(tmp_path):
     # verified on this machine (Debian 12, shaderc 2023.2): a long-standing extension compiles
-    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_EXT_shader_explicit_arithmetic_types") is True
+    assert _supports(SYSTEM_GLSLC, "GL_EXT_shader_explicit_arithmetic_types", tmp_path) is True
 
 
 @needs_glslc
-def test_system_glslc_rejects_a_made_up_extension():
-    assert doctor.glslc_supports(SYSTEM_GLSLC, "GL_EXT_no_such_extension_spbuild") is False
+def test_system_glslc_rejects_a_made_up_extension(tmp_path):
+    assert _supports(SYSTEM_GLSLC, "GL_EXT_no_such_extension_spbuild", tmp_path) is False
 
 
 def test_check_program_and_tool(bare_machine):
