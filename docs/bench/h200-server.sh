@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server benchmark of docs/benchmarks.md on the H200 device: builds the patched tree (llama-server,
 # llama-specprefill) and the unpatched pin (llama-server) side by side, makes the random 8B/1.5B models, then runs
-# `bench.py server`. Carried in .carry/: tree.tar.xz (git archive of the spbuild branch), series.diff (pin..branch,
+# `bench.py measure` (through the server). Carried in .carry/: tree.tar.xz (git archive of the spbuild branch), series.diff (pin..branch,
 # reverse-applied for the unpatched tree), ggml-vocab-llama-bpe.gguf.
 #   bash docs/bench/h200-server.sh build     # ~5 min on 16 cores
 #   bash docs/bench/h200-server.sh run SIZES  # e.g. 32768,131072
@@ -24,7 +24,9 @@ build)
     python3 orchestrator/spbuild/bench.py make-model --tree "$W/patched" --shape 1.5b "$W/draft.gguf"
     ;;
 run)
-    python3 orchestrator/spbuild/bench.py server --bin "$W/patched/build/bin" --unpatched-bin "$W/plain/build/bin" \
-        --target "$W/target.gguf" --draft "$W/draft.gguf" --sizes "$2" --window 8192 --p 0.1 --out "$OUT/bench"
+    # the patched server, spec prefill on and off per request; the unpatched build's server is not part of this run
+    python3 orchestrator/spbuild/bench.py measure --bin "$W/patched/build/bin" --target "$W/target.gguf" \
+        --draft "$W/draft.gguf" --sizes "$2" --p 0.1 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
+        --out "$OUT/bench"
     ;;
 esac

@@ -3,7 +3,7 @@
 # other on the same machine: Vulkan with Debian 12's glslc and headers, Vulkan with the toolchain `spbuild build
 # --vulkan` chooses on Debian 12 (Debian trixie's glslc and headers, <workdir>/toolchain, chosen and probed by
 # spbuild.vulkan_toolchain on the device itself), and CUDA. Then llama-bench prefill of the random 8B model,
-# llama-specprefill --baseline at 32K, and full against windowed scoring at 32K (bench.py run) on each.
+# llama-specprefill --baseline at 32K, and full against windowed scoring at 32K (bench.py measure --via tool, with warm-ups) on each.
 # Carried in .carry/ (the machine has no network):
 #   tree.tar.xz        git archive of the spbuild branch (unused backends, docs and models left out):
 #     git -C .spbuild/src/llama.cpp archive --format=tar spbuild -- . ':!models' ':!docs' ':!ggml/src/ggml-opencl' \
@@ -97,9 +97,10 @@ run)
             "$b" "$OUT/llama-bench-$b.json" || true
     done
     for b in vk-debian12 vk-trixie cuda; do
-        python3 orchestrator/spbuild/bench.py run --bin "$W/$b/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
-            --sizes 32768 --window 8192 --only "p=0.1 full,p=0.1 window 8K" --out "$OUT/run-$b" \
-            > "$OUT/run-$b.log" 2>&1 || echo "$b: bench.py run failed"
+        python3 orchestrator/spbuild/bench.py measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
+            --draft "$W/draft.gguf" --sizes 32768 --p 0.1 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
+            --server-args "-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on" --draft-args "" --out "$OUT/run-$b" \
+            > "$OUT/run-$b.log" 2>&1 || echo "$b: bench.py measure failed"
         tail -6 "$OUT/run-$b.log"
     done
     ;;

@@ -12,13 +12,20 @@ and spread. Also random-weight models of real shapes (`make-model`) and the spec
 
 from __future__ import annotations
 
+import os
+import sys
+
+if __package__ in (None, ""):
+    # run as a script on a bare GPU machine (python3 orchestrator/spbuild/bench.py ...): the package's folder replaces
+    # this file's, whose modules (bisect, stats) would shadow the standard library's
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 import argparse
 import json
 import math
 import random
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

@@ -113,3 +113,18 @@ def test_a_server_that_does_not_start_is_recorded_and_the_other_types_still_run(
     assert [r["spec_type"] for r in rows] == ["none", "draft-simple"]
     assert all("exited with 1" in r["error"] for r in rows)
     assert (tmp_path / "out" / "spec-decoding-results.md").exists()
+
+
+def test_bench_runs_as_a_plain_script_as_the_gpu_scripts_call_it(tmp_path):
+    """docs/bench/h200-*.sh run `python3 orchestrator/spbuild/bench.py ...` on a machine without the package installed:
+    the package's own modules (bisect, stats) must not shadow the standard library's there."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(bench.__file__)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-I", str(script), "measure", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--via {server,tool}" in proc.stdout
