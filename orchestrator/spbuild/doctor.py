@@ -31,6 +31,11 @@ ADVICE: dict[str, tuple[str, str, str]] = {
                       "brew install spirv-headers"),
     "vulkan-device": ("sudo apt-get install -y vulkan-tools mesa-vulkan-drivers",
                       "sudo dnf install -y vulkan-tools mesa-vulkan-drivers", "brew install vulkan-tools molten-vk"),
+    "vulkan-gpu": ("a GPU needs its vendor's Vulkan driver: Mesa's (mesa-vulkan-drivers) for AMD and Intel, "
+                   "NVIDIA's for NVIDIA; the tests run on lavapipe as it is",
+                   "a GPU needs its vendor's Vulkan driver: Mesa's (mesa-vulkan-drivers) for AMD and Intel, "
+                   "NVIDIA's for NVIDIA; the tests run on lavapipe as it is",
+                   "a GPU needs MoltenVK (brew install molten-vk)"),
     "vulkan-fast-paths": (
         "nothing to do: `spbuild build --vulkan` (--glslc auto) uses Debian trixie's glslc and headers from "
         "<workdir>/toolchain where they run; or install the LunarG Vulkan SDK (https://vulkan.lunarg.com/sdk/home)",
@@ -215,7 +220,7 @@ def check_vulkan_device() -> Check:
     listed = ", ".join(f"{n.strip()} ({t})" for n, t in zip(names, types + [""] * len(names)))
     if all("CPU" in t for t in types):
         return Check("Vulkan device", WARN, f"{listed}: CPU devices only; ggml-vulkan uses them only with "
-                     "GGML_VK_VISIBLE_DEVICES=0", "vulkan-device")
+                     "GGML_VK_VISIBLE_DEVICES=0", "vulkan-gpu")
     return Check("Vulkan device", OK, listed)
 
 

@@ -16,7 +16,7 @@ def report(*checks: tuple[str, str, str | None]) -> doctor.Report:
 MISSING_VULKAN = report(("C++ compiler", doctor.OK, "compiler"), ("Vulkan headers", doctor.FAIL, "vulkan-headers"),
                         ("Vulkan loader", doctor.FAIL, "vulkan-loader"), ("glslc", doctor.FAIL, "glslc"),
                         ("SPIR-V headers", doctor.FAIL, "spirv-headers"), ("Vulkan device", doctor.WARN, "vulkan-device"),
-                        ("glslc GL_KHR_cooperative_matrix", doctor.WARN, "vulkan-sdk"), ("cmake", doctor.FAIL, "cmake"))
+                        ("glslc GL_KHR_cooperative_matrix", doctor.WARN, "vulkan-fast-paths"), ("cmake", doctor.FAIL, "cmake"))
 
 
 @pytest.mark.parametrize(("text", "manager"), [
@@ -68,3 +68,16 @@ def test_what_no_manager_installs_is_listed_with_the_advice():
     assert plan.commands == [] and plan.cannot and "nvcc" in plan.cannot[0]
     # a warning without a package (the SDK's extensions) is not an install
     assert install.plan(report(("glslc GL_EXT_bfloat16", doctor.WARN, "vulkan-sdk")), "apt-get", root=True).commands == []
+
+
+def test_a_machine_with_only_lavapipe_is_told_about_gpu_drivers_and_installs_nothing(tmp_path, monkeypatch):
+    """Mesa's drivers are there already (lavapipe is one of them): installing them again would change nothing."""
+    fake = tmp_path / "vulkaninfo"
+    fake.write_text("#!/bin/sh\necho 'GPU0:'\necho '\tdeviceType = PHYSICAL_DEVICE_TYPE_CPU'\n"
+                    "echo '\tdeviceName = llvmpipe (LLVM 15.0.6, 256 bits)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    check = doctor.check_vulkan_device()
+    assert (check.status, check.advice_key) == (doctor.WARN, "vulkan-gpu")
+    assert "llvmpipe" in check.detail and "vendor's Vulkan driver" in check.advice()[0]
+    assert install.plan(doctor.Report("vulkan", [check]), "apt-get", root=True).commands == []
