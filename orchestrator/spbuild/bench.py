@@ -33,8 +33,9 @@ from pathlib import Path
 
 import requests
 
+from spbuild import reports
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import Setting
+from spbuild.evaluate import Setting, numbers, status_of_tool, windows
 from spbuild.models import KINDS, SHAPES, make
 from spbuild.server import ServerProcess
 from spbuild.stats import Spread
@@ -193,7 +194,7 @@ class ToolLeg:
     def sparse(self, prompt: str, setting: Setting, warmup: int, repeat: int) -> list[dict]:
         data = self._run(prompt, setting, warmup + repeat)
         runs = data["repeats"][warmup:]
-        status = {"sparse": "active"}.get(data["status"], data["status"])
+        status = status_of_tool(data["status"])
         measured = [{"ttft_ms": r["ttft_ms"], "queue_ms": 0.0, "score_ms": r["score_ms"],
                      "score_draft_prefill_ms": r["draft_prefill_ms"], "score_query_ms": r["query_ms"],
                      "sparse_prefill_ms": r.get("prefill_ms", math.nan), "status": status,
@@ -370,20 +371,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise SpbuildError(f"not a list of numbers: {text!r}") from err
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise SpbuildError(f"not a list of whole numbers: {text!r}") from err
-
-
 def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) -> tuple[Path, Path]:
     """--target/--draft, or random-weight models of --shapes, made once (gguf-py of the fetched tree)."""
     if args.target and args.draft:
@@ -406,12 +393,8 @@ def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) ->
 def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
             progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
     """Run the bench the options describe and write its reports; returns the files written."""
-    from spbuild import reports  # matplotlib only when plotting
-
-    windows = _ints(args.window)
-    if any(w and w < 256 for w in windows):
-        raise SpbuildError(f"--window values are 0 (the whole prompt) or at least 256, got {args.window}")
-    plan = Plan(_ints(args.sizes), [Setting("keep", p, w) for w in windows for p in _floats(args.p)], args.repeat,
+    plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w) for w in windows(args.window)
+                                           for p in numbers(args.p, float)], args.repeat,
                 args.warmup)
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -436,10 +419,7 @@ def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
     finally:
         leg.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
-    plots = not args.no_plots and reports.can_plot()
-    if not args.no_plots and not plots:
-        print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
-    return reports.write(out_dir, "bench", {**meta, "complete": True}, rows, plots=plots)
+    return reports.write_complete(out_dir, "bench", meta, rows, plots=not args.no_plots)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,16 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "measure":
         target, draft = models_for(args, args.models, args.tree)
-
-        def progress(total: int) -> Callable[[str], None]:
-            done = [0]
-
-            def step(what: str) -> None:
-                done[0] += 1
-                print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
-            return step
         try:
-            for path in measure(args, args.bin, target, draft, progress):
+            for path in measure(args, args.bin, target, draft, reports.plain_progress(str)):
                 print(path)
         except SpbuildError as err:
             print(f"error: {err}", file=sys.stderr)

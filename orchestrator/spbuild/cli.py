@@ -321,6 +321,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return worst
 
 
+def _add_build_choice(parser: argparse.ArgumentParser) -> None:
+    """Which build a measuring command runs (see _bin_dir)."""
+    parser.add_argument("--backend", choices=cmake.BACKENDS, help="which build (default: the newest)")
+    parser.add_argument("--build-dir", type=Path, help="that build folder instead")
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--project", type=Path, help="the llama-specprefill checkout (default: around the current "
@@ -405,15 +411,13 @@ def parser() -> argparse.ArgumentParser:
 
     bnch = sub.add_parser("bench", parents=[common], help="TTFT with spec prefill against the full prefill, side "
                           "by side, with its phases and bound; JSON, Markdown, plots")
-    bnch.add_argument("--backend", choices=cmake.BACKENDS, help="which build (default: the newest)")
-    bnch.add_argument("--build-dir", type=Path, help="that build folder instead")
+    _add_build_choice(bnch)
     bench.add_arguments(bnch)
     bnch.set_defaults(run=cmd_bench)
 
     evl = sub.add_parser("eval", parents=[common], help="answer quality: evidence retention and answers against the "
                          "full prefill's, on generated long-context tasks; JSON, Markdown, plots")
-    evl.add_argument("--backend", choices=cmake.BACKENDS, help="which build (default: the newest)")
-    evl.add_argument("--build-dir", type=Path, help="that build folder instead")
+    _add_build_choice(evl)
     evaluate.add_arguments(evl)
     evl.set_defaults(run=cmd_eval)
 

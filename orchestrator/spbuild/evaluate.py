@@ -192,7 +192,7 @@ class ToolBackend:
         kept = list(data["kept"]) if data["status"] == "sparse" else list(range(data["n_prompt"]))
         if kept and kept[-1] != data["n_prompt"] - 1:
             kept.append(data["n_prompt"] - 1)  # the tool prefills the last token always, as the server does
-        return Answer(data["run"]["text"], _TOOL_STATUS.get(data["status"], data["status"]), data.get("reason", ""),
+        return Answer(data["run"]["text"], status_of_tool(data["status"]), data.get("reason", ""),
                       kept, data.get("n_windows", 0),
                       {"prompt_ms": data["run"]["prefill_ms"] + data["score_ms"], "score_ms": data["score_ms"],
                        "sparse_prefill_ms": data["run"]["prefill_ms"], "n_prompt": data["n_prompt"]})
@@ -201,6 +201,11 @@ class ToolBackend:
 # the tool's statuses (common_spec_prefill_status_name) in the server's words, so that both read alike
 _TOOL_STATUS = {"sparse": "active", "kept_all": "kept_all", "short": "skipped_min_tokens", "failed": "error_fallback",
                 "cancelled": "error_fallback"}
+
+
+def status_of_tool(status: str) -> str:
+    """llama-specprefill's status as llama-server names it (bench and eval rows read alike through either)."""
+    return _TOOL_STATUS.get(status, status)
 
 
 def evidence_spans(case: tasks.Case, pieces: Sequence[str]) -> list[range]:
@@ -332,11 +337,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
 
 
-def _numbers(text: str, kind: type) -> list:
+def numbers(text: str, kind: type) -> list:
+    """A comma-separated option value (--p, --lengths, --sizes) as numbers of `kind`."""
     try:
         return [kind(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
         raise SpbuildError(f"not a list of {kind.__name__} values: {text!r}") from err
+
+
+def windows(text: str) -> list[int]:
+    """--window: 0 (the whole prompt) or a window of at least 256 tokens, as the server accepts."""
+    values = numbers(text, int)
+    if any(w and w < 256 for w in values):
+        raise SpbuildError(f"--window values are 0 (the whole prompt) or at least 256, got {text}")
+    return values
 
 
 def _names(text: str, known: Sequence[str], what: str) -> list[str]:
@@ -350,17 +364,14 @@ def _names(text: str, known: Sequence[str], what: str) -> list[str]:
 def evaluate(args: argparse.Namespace, bin_dir: Path,
              progress: Callable[[int], Callable[[dict], None]] | None = None) -> list[Path]:
     """Run the eval the options describe and write its reports; returns the files written."""
-    from spbuild import reports  # matplotlib only when plotting
+    from spbuild import reports  # here, not at the top: reports imports this module
 
     target = args.target or default_model()
     draft = args.draft or target
     kinds = _names(args.kinds, tasks.KINDS, "task kind")
     fillers = _names(args.fillers, tasks.FILLERS, "filler")
-    lengths, depths = _numbers(args.lengths, int), _numbers(args.depths, float)
-    windows = _numbers(args.window, int)
-    if any(w and w < 256 for w in windows):
-        raise SpbuildError(f"--window values are 0 (the whole prompt) or at least 256, got {args.window}")
-    settings = settings_grid(_numbers(args.p, float), windows, _numbers(args.mass, float))
+    lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
+    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float))
     if not settings or not lengths or not depths:
         raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
     out_dir: Path = args.out
@@ -399,27 +410,19 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     finally:
         backend.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
-    plots = not args.no_plots and reports.can_plot()
-    if not args.no_plots and not plots:
-        print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
-    return reports.write(out_dir, "eval", {**meta, "complete": True}, rows, plots=plots)
+    return reports.write_complete(out_dir, "eval", meta, rows, plots=not args.no_plots)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spbuild import reports  # here, not at the top: reports imports this module
+
     parser = argparse.ArgumentParser(prog="python -m spbuild.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
     add_arguments(parser)
     args = parser.parse_args(argv)
 
-    def progress(total: int) -> Callable[[dict], None]:
-        done = [0]
-
-        def on_row(row: dict) -> None:
-            done[0] += 1
-            print(f"[{done[0]}/{total}] {describe_row(row)}", file=sys.stderr, flush=True)
-        return on_row
     try:
-        for path in evaluate(args, args.bin, progress):
+        for path in evaluate(args, args.bin, reports.plain_progress(describe_row)):
             print(path)
     except SpbuildError as err:
         print(f"error: {err}", file=sys.stderr)

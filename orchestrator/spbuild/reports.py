@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from spbuild.errors import SpbuildError
 from spbuild.evaluate import CONTEXT_TOKENS, TAIL_TOKENS
@@ -270,6 +272,27 @@ def write(out_dir: Path, kind: str, meta: dict, rows: list[dict], plots: bool = 
     if plots:
         written += eval_plots(rows, out_dir) if kind == "eval" else bench_plots(rows, out_dir)
     return written
+
+
+def write_complete(out_dir: Path, kind: str, meta: dict, rows: list[dict], plots: bool = True) -> list[Path]:
+    """The reports of a finished run; without matplotlib, the tables only, and a line saying how to plot later."""
+    if plots and not can_plot():
+        print("matplotlib is not installed: tables only; plot them later with `spbuild report DIR`", file=sys.stderr)
+        plots = False
+    return write(out_dir, kind, {**meta, "complete": True}, rows, plots=plots)
+
+
+def plain_progress(describe: Callable[[Any], str]) -> Callable[[int], Callable[[Any], None]]:
+    """Progress as numbered lines on stderr, for a machine without spbuild's console (python -m spbuild.bench)."""
+    def start(total: int) -> Callable[[Any], None]:
+        done = 0
+
+        def step(item: Any) -> None:
+            nonlocal done
+            done += 1
+            print(f"[{done}/{total}] {describe(item)}", file=sys.stderr, flush=True)
+        return step
+    return start
 
 
 def rewrite(out_dir: Path) -> list[Path]:
