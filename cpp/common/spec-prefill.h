@@ -51,7 +51,7 @@ struct common_spec_prefill_result {
     int32_t n_layers   = 0; // draft layers whose rows were used
     std::string reduced_on; // where the rows were reduced: a device ("CUDA0"), "host", or both ("CUDA0+host")
 
-    double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed a bigger one
+    double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed another shape
     double t_draft_prefill_ms = 0.0; // the draft's prefill of the windows (flash attention)
     double t_query_ms         = 0.0; // the query steps: lookahead decodes and the reduction of their attention
     double t_score_ms         = 0.0; // scoring and selection, setup included
@@ -86,9 +86,12 @@ void common_spec_prefill_free(struct common_spec_prefill * sp);
 // where the draft runs: its devices, named as ggml names them, with their descriptions (for RPC, the server's address)
 std::string common_spec_prefill_devices(const struct common_spec_prefill * sp);
 
-// Create, ahead of time, the draft context for prompts of up to n_prompt tokens, and keep its shape: later prompts are
-// planned to fit it (windows, sequences side by side) instead of growing it, so its memory stays what it is now. Without
-// this call common_spec_prefill_run sizes the context for each prompt. Returns false and logs if it cannot be created.
+// Create, ahead of time, the draft context for prompts of up to n_prompt tokens, and keep its KV cells: later prompts
+// are planned to fit them (windows, sequences side by side) instead of growing them, so its memory stays what it is
+// now. A request whose windows would take far more rounds than needed is scored in the same cells reshaped into more,
+// shorter sequences (t_setup_ms says what that cost); a later request that needs the long sequence gets it back.
+// Without this call common_spec_prefill_run sizes the context for each prompt. Returns false and logs if it cannot be
+// created.
 bool common_spec_prefill_prepare(struct common_spec_prefill * sp, int32_t n_prompt);
 
 // the draft's memory, for startup logs, in bytes: its weights, and its context's KV cache and compute buffers

@@ -53,6 +53,8 @@ def _rates(group: Sequence[dict]) -> dict:
         "agreement": rate([r["agree"] for r in ran]).as_dict(),
         "spec_correct": rate([r["spec_correct"] for r in ran]).as_dict(),
         "full_correct": rate([r["full_correct"] for r in ran]).as_dict(),
+        # what a user loses: answers the full prefill gets right that spec prefill still gets right
+        "correct_kept": rate([r["spec_correct"] for r in ran if r["full_correct"]]).as_dict(),
         "changed_although_kept": len(kept_but_changed),
         "kept_fraction": sum(kept_fraction) / len(kept_fraction) if kept_fraction else math.nan,
     }
@@ -65,12 +67,12 @@ def _cell(d: dict) -> str:
 def eval_markdown(rows: Sequence[dict]) -> str:
     out = ["## By setting", "",
            "| setting | cases | kept (mean) | evidence retained | answer = full prefill's | correct (spec) | "
-           "correct (full) | changed although kept | failed |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "correct (full) | still correct where full is | changed although kept | failed |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for s in eval_summary(rows):
         out.append(f"| {s['setting']} | {s['cases']} | {s['kept_fraction']:.1%} | {_cell(s['retention'])} | "
                    f"{_cell(s['agreement'])} | {_cell(s['spec_correct'])} | {_cell(s['full_correct'])} | "
-                   f"{s['changed_although_kept']} | {s['failed']} |")
+                   f"{_cell(s['correct_kept'])} | {s['changed_although_kept']} | {s['failed']} |")
     for title, field in (("length (asked tokens)", "n_tokens"), ("kind", "kind"), ("filler", "filler")):
         values = sorted({r[field] for r in rows}, key=lambda v: (isinstance(v, str), v))
         if len(values) < 2 and field != "n_tokens":

@@ -255,6 +255,27 @@ def test_long_prompts_are_scored_in_windows_that_fit_the_draft_context(server_fa
     assert sp["status"] == "active" and sp["n_windows"] >= 3, sp
 
 
+def test_per_request_windows_are_scored_side_by_side_and_full_scoring_comes_back(spec_server):
+    """The draft context is prepared at startup for full-prompt scoring (one long sequence). A request's own window
+    reshapes the same cells into short sequences, so its windows are scored side by side instead of one after the
+    other; the next full-scoring request gets its long sequence back, not windows."""
+    prompt = words(3000, seed=17)
+
+    def score(**fields) -> dict:  # the same prompt each time, scored anew (no reuse from the slot's KV)
+        return spec(complete(spec_server, prompt, cache_prompt=False, **fields))
+
+    windowed = score(spec_prefill={"window": 512})
+    assert windowed["status"] == "active" and windowed["n_windows"] >= 5, windowed
+    assert windowed["n_parallel"] == windowed["n_windows"], windowed
+    assert windowed["score_setup_ms"] > 0, windowed
+    again = score(spec_prefill={"window": 512})
+    assert again["n_parallel"] == again["n_windows"] and again["score_setup_ms"] == 0, again
+    assert again["n_kept"] == windowed["n_kept"]
+    full = score()
+    assert full["status"] == "active" and full["n_windows"] == 1 and full["n_parallel"] == 1, full
+    assert full["score_setup_ms"] > 0, full
+
+
 def test_concurrent_requests_with_mixed_settings(server_factory, bpe_models):
     server = server_factory(spec_args(bpe_models, n_parallel=4, n_ctx=4 * 4096))
     cases = [({"p": 0.2}, "active"), ({"enabled": False}, "disabled"), ({"p": 0.5}, "active"),

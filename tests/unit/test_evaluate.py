@@ -112,10 +112,14 @@ def test_the_summary_counts_answers_that_changed_although_the_evidence_was_kept(
     assert (s["retention"]["k"], s["retention"]["n"]) == (2, 3)
     assert (s["agreement"]["k"], s["spec_correct"]["k"], s["full_correct"]["k"]) == (1, 1, 3)
     assert s["changed_although_kept"] == 1
+    rows[2]["full_correct"] = False  # a case the full prefill gets wrong does not count against spec prefill
+    s = {s["setting"]: s for s in reports.eval_summary(rows)}["p=0.2 full"]
+    assert (s["correct_kept"]["k"], s["correct_kept"]["n"]) == (1, 2)
+    rows[2]["full_correct"] = True
     assert s["kept_fraction"] == pytest.approx(0.2, abs=0.001)
     assert [x["setting"] for x in reports.eval_summary(rows)] == ["p=0.1 full", "p=0.2 full"]  # by p
     table = reports.eval_markdown(rows)
-    assert "| p=0.2 full | 3 | 20.0% | 67% (2/3) | 33% (1/3) | 33% (1/3) | 100% (3/3) | 1 | 0 |" in table
+    assert "| p=0.2 full | 3 | 20.0% | 67% (2/3) | 33% (1/3) | 33% (1/3) | 100% (3/3) | 33% (1/3) | 1 | 0 |" in table
     assert "| needle-2048 | p=0.2 full | 52445 | `52445.` | `12445.` |" in table
     rows[0].update(context_kept=0.5, tail_kept=1.0)
     rows[1].update(context_kept=0.25, tail_kept=0.5)

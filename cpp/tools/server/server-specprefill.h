@@ -71,12 +71,14 @@ struct server_spec_prefill_timings {
     int32_t n_kept    = 0; // prompt positions in the target's KV once prefilled (reused ones included)
     int32_t n_reused  = 0; // prompt tokens reused from the slot's KV
     int32_t n_windows = 0; // windows the draft scored
+    int32_t n_parallel = 0; // of them, scored side by side as sequences of one batch
 
     double queue_ms = 0.0; // waiting for the scorer (other requests' scoring)
     double score_ms = 0.0; // the draft's prefill, query steps and selection
 
     double score_draft_prefill_ms = 0.0; // of score_ms: the draft's prefill of the prompt (every window)
     double score_query_ms         = 0.0; // of score_ms: the lookahead query steps
+    double score_setup_ms         = 0.0; // of score_ms: reshaping the draft's context for this request's windows
 
     // with return_kept: the prompt positions the target prefilled, as half-open [begin, end) ranges
     bool return_kept = false;
