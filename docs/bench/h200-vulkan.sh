@@ -16,6 +16,8 @@
 #   bash docs/bench/h200-vulkan.sh vulkan   # setup, both Vulkan builds side by side, models
 #   bash docs/bench/h200-vulkan.sh cuda     # the CUDA build
 #   bash docs/bench/h200-vulkan.sh run      # the measurements, into $OUT
+#   bash docs/bench/h200-vulkan.sh server SIZES   # after `vulkan`: spbuild bench through the trixie build's
+#                                           # llama-server (TARGET/DRAFT: other models, e.g. h200-bench-eval.sh's)
 #   bash docs/bench/h200-vulkan.sh ops      # after `vulkan`: upstream's test-backend-ops for MUL_MAT and
 #                                           # FLASH_ATTN_EXT on the H200's Vulkan device, with both toolchains
 set -euo pipefail
@@ -74,7 +76,7 @@ EOF
     cmake -S "$W/src" -B "$W/vk-trixie" "${VK[@]}" "${TC[@]}" > "$W/configure-vk-trixie.log" 2>&1
     grep -h "supported by glslc" "$W"/configure-vk-*.log
     cmake --build "$W/vk-debian12" --target llama-bench llama-specprefill -j 8 > "$W/build-vk-debian12.log" 2>&1 &
-    cmake --build "$W/vk-trixie" --target llama-bench llama-specprefill -j 8 > "$W/build-vk-trixie.log" 2>&1 &
+    cmake --build "$W/vk-trixie" --target llama-bench llama-specprefill llama-server -j 8 > "$W/build-vk-trixie.log" 2>&1 &
     if [ "${2:-}" != nomodels ]; then
         python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --shape 8b "$W/target.gguf"
         python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --shape 1.5b "$W/draft.gguf"
@@ -87,6 +89,13 @@ cuda)
     cmake -S "$W/src" -B "$W/cuda" "${CM[@]}" > "$W/configure-cuda.log" 2>&1
     cmake --build "$W/cuda" --target llama-bench llama-specprefill -j 16 > "$W/build-cuda.log" 2>&1
     ls -la "$W/cuda/bin/llama-bench" "$W/cuda/bin/llama-specprefill"
+    ;;
+server)
+    mkdir -p "$OUT"
+    python3 orchestrator/spbuild/bench.py measure --bin "$W/vk-trixie/bin" --target "${TARGET:-$W/target.gguf}" \
+        --draft "${DRAFT:-$W/draft.gguf}" --sizes "$2" --p 0.1,0.3 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
+        --out "$OUT/bench-vulkan"
+    zgrep -h -E "reduced on|scoring on the host|cannot set up scoring" "$OUT/bench-vulkan/server.log" | sort | uniq -c
     ;;
 run)
     mkdir -p "$OUT"

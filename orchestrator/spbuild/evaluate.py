@@ -29,38 +29,74 @@ N_PREDICT = 24
 TIMEOUT_S = 3600
 
 
+# the selection's shape a setting may change per request: the server's field and the tool's flag
+SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "keep_first": "--spec-prefill-keep-first",
+                    "keep_last": "--spec-prefill-keep-last"}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One spec-prefill configuration: keep a fraction p, or the smallest set holding `value` of the score mass; score
-    the whole prompt (window 0) or in windows of `window` tokens."""
+    the whole prompt (window 0) or in windows of `window` tokens; `variant` changes the selection's shape (chunk size,
+    always-kept head and tail) from the server's defaults."""
 
     select: str  # keep | mass
     value: float
     window: int = 0
+    variant: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def variant_name(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.variant)
 
     @property
     def name(self) -> str:
         what = f"p={self.value:g}" if self.select == "keep" else f"mass={self.value:g}"
-        return f"{what} " + ("full" if self.window == 0 else f"W={self.window}")
+        name = f"{what} " + ("full" if self.window == 0 else f"W={self.window}")
+        return f"{name} {self.variant_name}" if self.variant else name
 
     def request(self) -> dict:
         fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window, "return_kept": True,
-                        "select": self.select}
+                        "select": self.select, **dict(self.variant)}
         fields["p" if self.select == "keep" else "mass"] = self.value
         return fields
 
     def tool_args(self) -> list[str]:
         args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window)]
+        for key, value in self.variant:
+            args += [SELECTION_FIELDS[key], str(value)]
         if self.select == "keep":
             return args + ["--spec-prefill-p", str(self.value)]
         return args + ["--spec-prefill-select", "mass", "--spec-prefill-mass", str(self.value)]
 
 
-def settings_grid(ps: Iterable[float], windows: Iterable[int], masses: Iterable[float] = ()) -> list[Setting]:
-    windows = list(windows)
-    grid = [Setting("keep", p, w) for w in windows for p in ps]
-    grid += [Setting("mass", m, w) for w in windows for m in masses]
+def settings_grid(ps: Iterable[float], windows: Iterable[int], masses: Iterable[float] = (),
+                  variants: Iterable[tuple[tuple[str, int], ...]] = ((),)) -> list[Setting]:
+    windows, ps, masses = list(windows), list(ps), list(masses)
+    grid = []
+    for variant in variants:
+        grid += [Setting("keep", p, w, variant) for w in windows for p in ps]
+        grid += [Setting("mass", m, w, variant) for w in windows for m in masses]
     return grid
+
+
+def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
+    """--vary: the server's selection defaults, then each ';'-separated variant, e.g. "chunk_size=64;keep_last=256"
+    (a variant may set several fields: "chunk_size=64,keep_last=256")."""
+    out: list[tuple[tuple[str, int], ...]] = [()]
+    for part in (v.strip() for v in text.split(";")):
+        if not part:
+            continue
+        variant = []
+        for item in part.split(","):
+            key, _, value = item.partition("=")
+            key = key.strip()
+            if key not in SELECTION_FIELDS or not value.strip().isdigit():
+                raise SpbuildError(f"--vary: {item.strip()!r} is not FIELD=N with FIELD one of "
+                                   f"{', '.join(SELECTION_FIELDS)}")
+            variant.append((key, int(value)))
+        out.append(tuple(variant))
+    return out
 
 
 @dataclass
@@ -222,7 +258,7 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
     return {
         "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
         "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
-        "window": setting.window, "status": spec.status, "reason": spec.reason, "n_windows": spec.n_windows,
+        "window": setting.window, "variant": setting.variant_name, "status": spec.status, "reason": spec.reason, "n_windows": spec.n_windows,
         "n_kept": len(kept) if kept is not None else None,
         "evidence_tokens": n_evidence, "evidence_tokens_kept": n_evidence_kept if kept is not None else None,
         "evidence_lines": len(spans), "evidence_lines_kept": sum(lines_kept) if kept is not None else None,
@@ -298,7 +334,7 @@ def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Settin
 def _failed(case: tasks.Case, setting: Setting, error: str) -> dict:
     return {"case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
            "setting": setting.name, "select": setting.select, "value": setting.value, "window": setting.window,
-           "status": "failed", "error": error[-500:]}
+           "variant": setting.variant_name, "status": "failed", "error": error[-500:]}
 
 
 def case_record(case: tasks.Case) -> dict:
@@ -332,6 +368,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p", default="0.1,0.2,0.3", help="fractions kept, comma-separated")
     parser.add_argument("--mass", default="", help="also mass-mode settings: score-mass fractions, comma-separated")
     parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
+    parser.add_argument("--vary", default="", help="also these selection variants, ';'-separated, each FIELD=N[,...] "
+                        f"with FIELD one of {', '.join(SELECTION_FIELDS)}: every p and window again with it")
     parser.add_argument("--out", type=Path, default=Path("eval-out"), help="where results.json/.md and the plots go")
     parser.add_argument("--server-args", default="", help="arguments of the server (or the tool): devices, -ngl, -fa")
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
@@ -371,7 +409,8 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     kinds = _names(args.kinds, tasks.KINDS, "task kind")
     fillers = _names(args.fillers, tasks.FILLERS, "filler")
     lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
-    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float))
+    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
+                             variants(args.vary))
     if not settings or not lengths or not depths:
         raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
     out_dir: Path = args.out

@@ -28,7 +28,7 @@ def _group(rows: Sequence[dict], key: Callable[[dict], tuple]) -> dict[tuple, li
 
 
 def _setting_order(row: dict) -> tuple:
-    return (row["select"], row["window"], row["value"])
+    return (row["select"], row.get("variant", ""), row["window"], row["value"])
 
 
 def eval_summary(rows: Sequence[dict]) -> list[dict]:
@@ -129,10 +129,12 @@ def eval_plots(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
         for ax, (metric, title) in zip(axes, (("agree", "answer = full prefill's"), ("spec_correct", "answer correct"),
                                               ("evidence_retained", "evidence retained")), strict=True):
-            for (window,), group in sorted(_group(keep_rows, lambda r: (r["window"],)).items()):
+            for (variant, window), group in sorted(_group(keep_rows, lambda r: (r.get("variant", ""),
+                                                                                  r["window"])).items()):
                 ps = sorted({r["value"] for r in group})
+                label = "full-prompt scoring" if window == 0 else f"windows of {window}"
                 ax.plot(ps, [rate([r[metric] for r in group if r["value"] == p]).value for p in ps], marker="o",
-                        label="full-prompt scoring" if window == 0 else f"windows of {window}")
+                        label=f"{label}, {variant}" if variant else label)
             if metric == "spec_correct":
                 ps = sorted({r["value"] for r in keep_rows})
                 ax.axhline(rate([r["full_correct"] for r in keep_rows]).value, color="grey", linestyle="--",

@@ -121,6 +121,24 @@ def test_per_request_settings_change_the_selection(spec_server):
     assert mass["status"] in ("active", "kept_all")
 
 
+def test_per_request_chunks_head_and_tail_shape_the_kept_ranges(spec_server):
+    prompt = words(3000, seed=5)
+
+    def kept(**fields) -> list[list[int]]:
+        sp = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"return_kept": True, **fields}))
+        assert sp["status"] == "active", sp
+        return sp["kept"]
+
+    n = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"enabled": False}))["n_prompt"]
+    # chunks of 128 tokens: every kept range but the head's and the tail's is whole chunks on the 128-token grid
+    for begin, end in kept(chunk_size=128, keep_first=0, keep_last=1)[:-1]:
+        assert begin % 128 == 0 and (end % 128 == 0 or end == n), (begin, end)
+    tail = kept(keep_last=700)[-1]
+    assert tail[1] == n and tail[0] <= n - 700, tail
+    head = kept(keep_first=300)[0]
+    assert head[0] == 0 and head[1] >= 300, head
+
+
 @pytest.mark.parametrize("fields, name", [
     ({"spec_prefill": {"p": 0}}, "spec_prefill.p"),
     ({"spec_prefill": {"p": 1.5}}, "spec_prefill.p"),
@@ -131,6 +149,9 @@ def test_per_request_settings_change_the_selection(spec_server):
     ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
     ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
     ({"spec_prefill": {"return_kept": 1}}, "spec_prefill.return_kept"),
+    ({"spec_prefill": {"chunk_size": 70000}}, "spec_prefill.chunk_size"),
+    ({"spec_prefill": {"keep_first": -1}}, "spec_prefill.keep_first"),
+    ({"spec_prefill": {"keep_last": 1.5}}, "spec_prefill.keep_last"),
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),

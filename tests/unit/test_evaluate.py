@@ -179,3 +179,20 @@ def test_the_interval_holds_the_rate(k, extra):
     if r.n:
         low, high = r.interval
         assert 0.0 <= low <= r.value <= high <= 1.0
+
+
+def test_variants_change_the_selection_shape_by_request_and_by_flag():
+    assert evaluate.variants("") == [()]
+    grid = evaluate.settings_grid([0.2], [0, 2048], (), evaluate.variants("chunk_size=64; keep_last=256,keep_first=8"))
+    assert [s.name for s in grid] == ["p=0.2 full", "p=0.2 W=2048", "p=0.2 full chunk_size=64",
+                                      "p=0.2 W=2048 chunk_size=64", "p=0.2 full keep_last=256,keep_first=8",
+                                      "p=0.2 W=2048 keep_last=256,keep_first=8"]
+    both = grid[4]
+    assert both.request()["keep_last"] == 256 and both.request()["keep_first"] == 8
+    assert "chunk_size" not in grid[0].request()
+    args = both.tool_args()
+    assert args[args.index("--spec-prefill-keep-last") + 1] == "256"
+    assert args[args.index("--spec-prefill-keep-first") + 1] == "8"
+    for bad in ("chunk=64", "keep_last=-1", "keep_last=many", "keep_last"):
+        with pytest.raises(SpbuildError, match="--vary"):
+            evaluate.variants(bad)

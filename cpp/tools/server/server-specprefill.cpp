@@ -46,6 +46,9 @@ json server_spec_prefill_params::to_json() const {
         {"min_tokens", min_tokens},
         {"window",     window},
         {"max_keep",   select.max_keep},
+        {"chunk_size", select.chunk_size},
+        {"keep_first", select.keep_first},
+        {"keep_last",  select.keep_last},
     };
 }
 
@@ -114,13 +117,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else if (!obj.is_object()) {
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
-            static const char * known[] = {
-                "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep", "return_kept" };
+            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep",
+                "chunk_size", "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find_if(std::begin(known), std::end(known),
                         [&](const char * k) { return item.key() == k; }) == std::end(known)) {
                     spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
-                            "mass, min_tokens, window, max_keep, return_kept)");
+                            "mass, min_tokens, window, max_keep, chunk_size, keep_first, keep_last, return_kept)");
                 }
             }
             if (spec_prefill_has(obj, "enabled")) {
@@ -155,6 +158,20 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             }
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
+            }
+            // the selection's shape, as --spec-prefill-chunk, --spec-prefill-keep-first and --spec-prefill-keep-last
+            if (spec_prefill_has(obj, "chunk_size")) {
+                params.select.chunk_size = spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0);
+                if (params.select.chunk_size > 65536) {
+                    spec_prefill_bad_field("spec_prefill.chunk_size", "must be in [0, 65536], got " +
+                            obj.at("chunk_size").dump());
+                }
+            }
+            if (spec_prefill_has(obj, "keep_first")) {
+                params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first", 0);
+            }
+            if (spec_prefill_has(obj, "keep_last")) {
+                params.select.keep_last = spec_prefill_get_int(obj, "keep_last", "spec_prefill.keep_last", 0);
             }
             if (spec_prefill_has(obj, "return_kept")) {
                 params.return_kept = spec_prefill_get_bool(obj, "return_kept", "spec_prefill.return_kept");
