@@ -504,6 +504,11 @@ static int32_t spec_prefill_n_past(const common_spec_prefill_request & req, int3
     return std::max(0, std::min(req.n_past, n_prompt - 1));
 }
 
+// the cells of the prepared context, all its sequences together: what a reshape shares out
+static int32_t spec_prefill_fixed_cells(const common_spec_prefill * sp) {
+    return sp->fixed_n_seq*sp->fixed_n_cells;
+}
+
 // the most windows scored side by side: a query step holds one token per window in one ubatch
 static int32_t spec_prefill_n_seq_max(const common_spec_prefill * sp) {
     return std::max<int32_t>(1, std::min<int32_t>((int32_t) llama_max_parallel_sequences(), sp->n_ubatch));
@@ -567,7 +572,7 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     // the current shape, unless another one of the same cells scores the windows in at most half the rounds and at
     // least two fewer (a reshape costs about a context creation: 0.1 s for 128K cells of a 1.5B draft on an H200)
     const int32_t n_seq_now = sp->ctx_n_cells >= plan.n_cells ? std::min(n_windows, sp->ctx_n_seq) : 0;
-    const int32_t n_fit     = sp->fixed_n_seq*sp->fixed_n_cells / GGML_PAD(std::max(1, plan.n_cells), 256);
+    const int32_t n_fit     = spec_prefill_fixed_cells(sp) / GGML_PAD(std::max(1, plan.n_cells), 256);
     const int32_t n_seq_new = std::max(1, std::min({ n_windows, n_fit, spec_prefill_n_seq_max(sp) }));
     const auto rounds = [n_windows](int32_t n_seq) { return (n_windows + n_seq - 1) / n_seq; };
     const bool reshape = n_seq_now == 0 ||
@@ -630,13 +635,16 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         return true;
     }
     if (sp->fixed_size) {
-        const int32_t n_cells_fit = sp->fixed_n_seq*sp->fixed_n_cells / std::max(1, n_seq) / 256 * 256;
-        if (n_cells > std::min(n_cells_fit, sp->fixed_n_cells)) {
+        // each sequence gets an equal share of the cells, on llama.cpp's 256-cell grid (the prepared sequence
+        // length is on it already), never longer than the prepared one
+        const int32_t n_cells_fit = std::min(spec_prefill_fixed_cells(sp) / std::max(1, n_seq) / 256 * 256,
+                sp->fixed_n_cells);
+        if (n_cells > n_cells_fit) {
             LOG_ERR("%s: a plan of %d x %d cells does not fit the prepared draft context of %d x %d\n", __func__,
                     n_seq, n_cells, sp->fixed_n_seq, sp->fixed_n_cells);
             return false;
         }
-        n_cells = n_seq == sp->fixed_n_seq ? sp->fixed_n_cells : std::min(n_cells_fit, sp->fixed_n_cells);
+        n_cells = n_cells_fit;
     } else {
         // round up, so that slightly longer prompts reuse the context, but never past the cap on all cells
         const int32_t n_cells_padded = GGML_PAD(n_cells, 256);
@@ -911,7 +919,6 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         LOG_WRN("%s: cannot reshape the draft context into %d x %d cells; keeping %d x %d from now on\n", __func__,
                 plan.n_seq, plan.n_cells, sp->fixed_n_seq, sp->fixed_n_cells);
         sp->reshape_off = true;
-        sp->ctx.reset();
         have_ctx = spec_prefill_ensure_ctx(sp, sp->fixed_n_seq, sp->fixed_n_cells);
         if (have_ctx) {
             plan = spec_prefill_make_plan(sp, prompt, req);

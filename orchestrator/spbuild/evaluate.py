@@ -258,7 +258,8 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
     return {
         "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
         "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
-        "window": setting.window, "variant": setting.variant_name, "status": spec.status, "reason": spec.reason, "n_windows": spec.n_windows,
+        "window": setting.window, "variant": setting.variant_name, "status": spec.status, "reason": spec.reason,
+        "n_windows": spec.n_windows,
         "n_kept": len(kept) if kept is not None else None,
         "evidence_tokens": n_evidence, "evidence_tokens_kept": n_evidence_kept if kept is not None else None,
         "evidence_lines": len(spans), "evidence_lines_kept": sum(lines_kept) if kept is not None else None,

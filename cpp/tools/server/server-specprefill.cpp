@@ -76,10 +76,12 @@ static double spec_prefill_get_number(const json & obj, const char * key, const 
     return v.get<double>();
 }
 
-static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field, int32_t lo) {
+static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field, int32_t lo,
+        int32_t hi = INT32_MAX) {
     const json & v = obj.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > INT32_MAX) {
-        spec_prefill_bad_field(field, "must be an integer >= " + std::to_string(lo) + ", got " + v.dump());
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+        spec_prefill_bad_field(field, "must be an integer " + (hi == INT32_MAX ? ">= " + std::to_string(lo) :
+                "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") + ", got " + v.dump());
     }
     return (int32_t) v.get<int64_t>();
 }
@@ -161,11 +163,8 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             }
             // the selection's shape, as --spec-prefill-chunk, --spec-prefill-keep-first and --spec-prefill-keep-last
             if (spec_prefill_has(obj, "chunk_size")) {
-                params.select.chunk_size = spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0);
-                if (params.select.chunk_size > 65536) {
-                    spec_prefill_bad_field("spec_prefill.chunk_size", "must be in [0, 65536], got " +
-                            obj.at("chunk_size").dump());
-                }
+                params.select.chunk_size =
+                    spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0, 65536);
             }
             if (spec_prefill_has(obj, "keep_first")) {
                 params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first", 0);
