@@ -9,6 +9,7 @@
 #   bash docs/bench/h200-bench-eval.sh build            # CUDA build (server, tool, llama-bench) and the random models
 #   bash docs/bench/h200-bench-eval.sh gemma DIR        # append DIR's part(s) of Gemma; says when the sha256 matches
 #   bash docs/bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
+#                                                       # (P=0.1 WINDOW=8192 to measure fewer settings)
 #   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # Gemma 3 270M quality into $OUT/NAME; ARGS go to
 #                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
@@ -35,7 +36,7 @@ gemma)
     ;;
 bench)
     python3 -m spbuild.bench measure --bin "$W/build/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
-        --sizes "$2" --p 0.1,0.3 --window 0,8192 --repeat 3 --warmup 1 --no-plots --out "$OUT/bench-cuda"
+        --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/bench-cuda"
     ;;
 eval)
     python3 -m spbuild.evaluate --bin "$W/build/bin" --target "$W/gemma.gguf" --lengths "$2" \

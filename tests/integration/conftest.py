@@ -14,6 +14,8 @@ from spbuild import models
 from spbuild.build import BuildRecord, find_build
 from spbuild.project import Project, Workspace
 
+TINY_SEED = 42
+
 
 @pytest.fixture(scope="session")
 def workspace() -> Workspace:
@@ -41,15 +43,16 @@ def source_tree(build: Build, workspace: Workspace) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
-    """Random tiny models (2 layers, 128-token test vocabulary) written by upstream's test-llama-archs."""
+    """Random tiny models (2 layers, 128-token test vocabulary) written by upstream's test-llama-archs, with a fixed
+    seed: its default seed is random, so each fresh clone would test other weights (and other near-ties in scores)."""
     saver = build.binary("test-llama-archs")
-    out = workspace.models_dir / "tiny"
+    out = workspace.models_dir / f"tiny-seed{TINY_SEED}"
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for arch, stem in TINY_ARCHS.items():
         path = out / f"{stem}.gguf"
         if not path.exists():
-            subprocess.run([saver, "-a", f"^{arch}$", "-o", out], check=True, capture_output=True, timeout=300)
+            subprocess.run([saver, "-a", f"^{arch}$", "-s", str(TINY_SEED), "-o", out], check=True, capture_output=True, timeout=300)
         paths[arch] = path
     return paths
 
