@@ -52,7 +52,8 @@ def tiny_models(build: Build, workspace: Workspace) -> dict[str, Path]:
     for arch, stem in TINY_ARCHS.items():
         path = out / f"{stem}.gguf"
         if not path.exists():
-            subprocess.run([saver, "-a", f"^{arch}$", "-s", str(TINY_SEED), "-o", out], check=True, capture_output=True, timeout=300)
+            subprocess.run([saver, "-a", f"^{arch}$", "-s", str(TINY_SEED), "-o", out], check=True,
+                           capture_output=True, timeout=300)
         paths[arch] = path
     return paths
 
