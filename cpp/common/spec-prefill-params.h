@@ -15,7 +15,7 @@ struct common_spec_prefill_select_params {
     enum common_spec_prefill_select_mode mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
 
     float   keep       = 0.6f;  // keep mode: fraction of chunks, in (0, 1]; 0.6 is the lowest that kept the
-                                // answer in 90% of cases on Gemma 3 270M at 2K-16K (docs/quality.md)
+                                // answer in 90% of cases on Gemma 3 270M at 8K-16K (docs/quality.md)
     float   mass       = 0.85f; // mass mode: share of the score mass, in (0, 1]
     int32_t chunk_size = 32;    // tokens per chunk; 0 or 1 selects single tokens
     int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
