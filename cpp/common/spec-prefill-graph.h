@@ -8,11 +8,13 @@
 // spec-prefill-select.cpp stays the reference: the driver can score on the host instead
 // (LLAMA_SPEC_PREFILL_SCORING=host), and the tests compare the two.
 //
-//   g = common_spec_prefill_graph_init(dev, n_cells, n_seq, n_layer, n_head, pool_kernel, n_threads);
+//   g = common_spec_prefill_graph_init(dev, n_cells, n_seq, n_layer, n_head, pool_kernel, n_threads, group_bytes);
 //   per query step, once the draft's decode is done (its kq_soft_max tensors stay valid until its next decode):
 //       common_spec_prefill_graph_step(g, streams, n_stream, kq, il, n, out, error);  // out[s*n_cells + j]
 //
-// A step is one graph over all its layers and one wait for the device, however many layers the draft has.
+// A step is one graph and one wait for the device. Its layers are copied side by side into groups of at most
+// group_bytes of weights, each reduced by a fixed handful of ops, so the ops a backend dispatches grow with the
+// groups, not with the layers.
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -31,9 +33,10 @@ struct common_spec_prefill_graph_stream {
 struct common_spec_prefill_graph;
 
 // for attention weights held in buffers of `dev`; n_cells: cells per sequence (no layer's n_kv exceeds it); n_head:
-// the most heads a layer has; nullptr if the device has no backend
+// the most heads a layer has; group_bytes: the most weights reduced at once (the graph's memory is a few times
+// that); nullptr if the device has no backend
 struct common_spec_prefill_graph * common_spec_prefill_graph_init(ggml_backend_dev_t dev, int32_t n_cells,
-        int32_t n_seq, int32_t n_layer, int32_t n_head, int32_t pool_kernel, int32_t n_threads);
+        int32_t n_seq, int32_t n_layer, int32_t n_head, int32_t pool_kernel, int32_t n_threads, size_t group_bytes);
 
 void common_spec_prefill_graph_free(struct common_spec_prefill_graph * g);
 

@@ -21,6 +21,10 @@ static constexpr int32_t SPEC_PREFILL_N_SINK = 4;
 // what the question needs
 static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
 
+// the scoring graph's groups of layers: 64 MiB of weights is every layer of a 1.5B draft at 32K cells, a third of
+// them at 128K; the graph's memory is a few times that
+static constexpr size_t SPEC_PREFILL_GRAPH_GROUP_MB = 64;
+
 const char * common_spec_prefill_status_name(enum common_spec_prefill_status status) {
     switch (status) {
         case COMMON_SPEC_PREFILL_SPARSE:   return "sparse";
@@ -93,11 +97,13 @@ struct common_spec_prefill {
     std::string capture_error;
     common_spec_prefill_pool * pool = nullptr;   // threads for reading rows on the host, made once
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
+    size_t graph_group_bytes = 0;                // the most weights its groups of layers hold
     bool graph_failed = false;                   // the backend cannot run it: host scoring from then on
     bool graph_off_prompt = false;               // its checks failed on this prompt: host scoring for the rest of it
     std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
     std::vector<float> graph_out;
     int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
+    int64_t t_reduce_us    = 0; // this prompt's time reducing rows after the query steps' decodes
     int32_t n_reads_host   = 0; // and on the host
 };
 
@@ -122,7 +128,7 @@ static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * 
     }
     if (!sp->graph) {
         sp->graph = common_spec_prefill_graph_init(dev, sp->ctx_n_cells, sp->ctx_n_seq, sp->n_layer,
-                llama_model_n_head(sp->model), sp->params.pool_kernel, sp->n_threads_batch);
+                llama_model_n_head(sp->model), sp->params.pool_kernel, sp->n_threads_batch, sp->graph_group_bytes);
         if (!sp->graph) {
             LOG_WRN("%s: cannot set up scoring on %s, scoring on the host\n", __func__, ggml_backend_dev_name(dev));
             sp->graph_failed = true;
@@ -287,7 +293,9 @@ static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_b
     llama_set_eval_callback(ctx, nullptr, nullptr);
     llama_synchronize(ctx);
     if (ret == 0) {
+        const int64_t t_reduce = ggml_time_us();
         spec_prefill_read_step(sp);
+        sp->t_reduce_us += ggml_time_us() - t_reduce;
     } else {
         sp->step_weights.clear();
         sp->step_layers.clear();
@@ -434,9 +442,22 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         }
     }
 
+    // the scoring graph reduces its layers in groups of at most this many bytes of weights (0: a layer at a time)
+    size_t graph_group_bytes = SPEC_PREFILL_GRAPH_GROUP_MB << 20;
+    if (const char * env = getenv("LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB")) {
+        char * end = nullptr;
+        const long mb = strtol(env, &end, 10);
+        if (end == env || *end != '\0' || mb < 0 || mb > (1 << 20)) {
+            error = string_format("LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB is '%s': use a number of MiB, 0 or more", env);
+            return nullptr;
+        }
+        graph_group_bytes = (size_t) mb << 20;
+    }
+
     auto * sp = new common_spec_prefill;
     sp->params          = spp;
     sp->scoring         = scoring;
+    sp->graph_group_bytes = graph_group_bytes;
     sp->n_threads       = params_dft.cpuparams.n_threads;
     sp->n_threads_batch = params_dft.cpuparams_batch.n_threads > 0 ? params_dft.cpuparams_batch.n_threads : params_dft.cpuparams.n_threads;
     sp->n_batch         = std::max(1, params.n_batch);
@@ -859,6 +880,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     res.t_query_ms += (ggml_time_us() - t_query) / 1000.0;
+    res.t_reduce_ms = sp->t_reduce_us / 1000.0;
 
     for (int32_t s = 0; s < n_seq; ++s) {
         if (ok) {
@@ -935,6 +957,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();
     sp->n_reads_graph    = 0;
+    sp->t_reduce_us      = 0;
     sp->n_reads_host     = 0;
     sp->graph_off_prompt = false;
     sp->cancel           = req.cancel;

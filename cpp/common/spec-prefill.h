@@ -54,6 +54,7 @@ struct common_spec_prefill_result {
     double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed another shape
     double t_draft_prefill_ms = 0.0; // the draft's prefill of the windows (flash attention)
     double t_query_ms         = 0.0; // the query steps: lookahead decodes and the reduction of their attention
+    double t_reduce_ms        = 0.0; // of t_query_ms: reducing the attention rows to scores, once each decode is done
     double t_score_ms         = 0.0; // scoring and selection, setup included
 
     bool sparse() const { return status == COMMON_SPEC_PREFILL_SPARSE; }

@@ -48,7 +48,7 @@ WORDS = ("the of and to in is was for on that with as by at from his her they th
 
 # the longest any one benchmark process or request may run (a 128K full prefill on a slow backend takes minutes)
 TIMEOUT_S = 3600
-PHASES = ("queue_ms", "score_ms", "score_draft_prefill_ms", "score_query_ms", "sparse_prefill_ms")
+PHASES = ("queue_ms", "score_ms", "score_draft_prefill_ms", "score_query_ms", "score_reduce_ms", "sparse_prefill_ms")
 
 
 def make_prompt(n_tokens: int, seed: int = 1) -> str:
@@ -197,6 +197,7 @@ class ToolLeg:
         status = status_of_tool(data["status"])
         measured = [{"ttft_ms": r["ttft_ms"], "queue_ms": 0.0, "score_ms": r["score_ms"],
                      "score_draft_prefill_ms": r["draft_prefill_ms"], "score_query_ms": r["query_ms"],
+                     "score_reduce_ms": r["reduce_ms"],
                      "sparse_prefill_ms": r.get("prefill_ms", math.nan), "status": status,
                      "reason": data.get("reason", ""), "n_kept": len(data["kept"]) if data["status"] == "sparse"
                      else data["n_prompt"], "n_windows": data.get("n_windows", 0)} for r in runs]

@@ -130,6 +130,7 @@ def test_bench_measures_both_prefills_side_by_side_with_phases_and_bound(via, bu
                                                                          r["sparse_prefill_ms"]["median"]))
         # the phases fit inside the TTFT they are part of
         assert r["score_draft_prefill_ms"]["median"] + r["score_query_ms"]["median"] <= r["score_ms"]["median"] * 1.01
+        assert 0 < r["score_reduce_ms"]["median"] < r["score_query_ms"]["median"]
         assert r["score_ms"]["median"] < r["spec_ttft_ms"]["median"]
         assert (r["n_windows"] > 1) == (r["window"] == 512)
         assert math.isfinite(r["of_bound"])

@@ -60,6 +60,8 @@ def test_a_long_prompt_is_scored_and_prefilled_sparsely(spec_server):
     assert 0.15 * sp["n_prompt"] < sp["n_kept"] < 0.35 * sp["n_prompt"], sp
     assert body["timings"]["prompt_n"] == sp["n_kept"]  # prompt_n: tokens actually evaluated
     assert sp["score_ms"] > 0 and sp["sparse_prefill_ms"] > 0 and sp["n_windows"] == 1
+    # the phases of scoring nest: the reduction of the rows is part of the query steps, which are part of scoring
+    assert 0 < sp["score_reduce_ms"] < sp["score_query_ms"] < sp["score_ms"], sp
     assert body["tokens_predicted"] == 4
     # the target's KV holds the kept positions and the generated tokens after position N, not the dropped ones
     kv = slot_state(spec_server, 0)

@@ -106,12 +106,15 @@ def test_windows_score_every_token_once(tool, tiny_models):
 
 @pytest.mark.parametrize("arch", list(TINY_ARCHS))
 @pytest.mark.parametrize("window", [0, 512], ids=["full", "windowed"])
-def test_scoring_graph_matches_the_host_reference(tool, tiny_models, arch, window):
+@pytest.mark.parametrize("group_mb", ["64", "0"], ids=["layers-together", "layer-by-layer"])
+def test_scoring_graph_matches_the_host_reference(tool, tiny_models, arch, window, group_mb):
     """The attention rows reduced by a ggml graph (on the CPU backend here) score like the host code that the Python
-    extension checks against NumPy."""
+    extension checks against NumPy, whether the layers are reduced together (the default: every layer of these
+    models fits one group) or in groups of one layer, merged by a max over the groups."""
     log: list[str] = []
     args = ("--spec-prefill-window", str(window))
-    graph = run_tool(tool, tiny_models[arch], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"}, log=log)
+    graph = run_tool(tool, tiny_models[arch], *args, log=log,
+                     env={"LLAMA_SPEC_PREFILL_SCORING": "graph", "LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB": group_mb})
     host = run_tool(tool, tiny_models[arch], *args, env={"LLAMA_SPEC_PREFILL_SCORING": "host"}, log=log)
     assert "attention rows are reduced on CPU" in log[0]
     assert "attention rows are reduced" not in log[1]
@@ -141,15 +144,17 @@ def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, win
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
-@pytest.mark.parametrize("arch,fa", [("llama", "off"), ("gemma3", "off"), ("llama", "on")])
-def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch, fa):
+@pytest.mark.parametrize("arch,fa,group_mb", [("llama", "off", "64"), ("gemma3", "off", "64"), ("llama", "on", "64"),
+                                              ("llama", "on", "0")])
+def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch, fa, group_mb):
     """With the draft on a Vulkan device, its attention rows are reduced there and score like the CPU reference: read
-    layer by layer during the decode on the plain path (-fa off), all at once after it beside flash attention."""
+    layer by layer during the decode on the plain path (-fa off), all at once after it beside flash attention; the
+    layers reduced together, or one group each (LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB=0)."""
     if build.record.backend != "vulkan":
         pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
     log: list[str] = []
     on_gpu = run_tool(tool, tiny_models[arch], "-fa", fa, device=("-ngl", "99", "-nglpd", "99"),
-                      env={"GGML_VK_VISIBLE_DEVICES": "0"}, log=log)
+                      env={"GGML_VK_VISIBLE_DEVICES": "0", "LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB": group_mb}, log=log)
     on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
     assert "attention rows are reduced on Vulkan0" in log[0]
     assert on_gpu["reduced_on"] == "Vulkan0"
@@ -190,6 +195,13 @@ def test_unknown_scoring_place_is_refused(tool, tiny_models):
                       env={"LLAMA_SPEC_PREFILL_SCORING": "gpu"})
     assert result.returncode != 0
     assert "LLAMA_SPEC_PREFILL_SCORING is 'gpu': use auto, host or graph" in result.stderr
+
+
+def test_bad_scoring_group_size_is_refused(tool, tiny_models):
+    result = tool.run("-m", tiny_models["llama"], "-mpd", tiny_models["llama"], *CPU, prompt="alpha beta",
+                      env={"LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB": "lots"})
+    assert result.returncode != 0
+    assert "LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB is 'lots': use a number of MiB, 0 or more" in result.stderr
 
 
 def test_short_prompt_is_prefilled_in_full_and_says_why(tool, tiny_models):

@@ -203,6 +203,7 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
         {"sparse_prefill_ms", scored ? std::max(0.0, t_prompt_ms - queue_ms - score_ms) : 0.0},
         {"score_draft_prefill_ms", score_draft_prefill_ms},
         {"score_query_ms",    score_query_ms},
+        {"score_reduce_ms",   score_reduce_ms},
         {"score_setup_ms",    score_setup_ms},
         {"n_windows",         n_windows},
         {"n_parallel",        n_parallel},
@@ -613,6 +614,7 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
 
     timings.score_draft_prefill_ms = res.t_draft_prefill_ms;
     timings.score_query_ms         = res.t_query_ms;
+    timings.score_reduce_ms        = res.t_reduce_ms;
     timings.score_setup_ms         = res.t_setup_ms;
 
     const int32_t n_new = res.n_prompt - res.n_past;

@@ -78,6 +78,7 @@ struct server_spec_prefill_timings {
 
     double score_draft_prefill_ms = 0.0; // of score_ms: the draft's prefill of the prompt (every window)
     double score_query_ms         = 0.0; // of score_ms: the lookahead query steps
+    double score_reduce_ms        = 0.0; // of score_query_ms: reducing their attention rows to scores
     double score_setup_ms         = 0.0; // of score_ms: reshaping the draft's context for this request's windows
 
     // with return_kept: the prompt positions the target prefilled, as half-open [begin, end) ranges

@@ -141,7 +141,8 @@ static void print_run(const char * title, const run_result & r) {
     LOG("%s\n", title);
     if (r.t_score_ms > 0.0) {
         LOG("  score      %9.1f ms", r.t_score_ms);
-        LOG("  (draft prefill %.1f ms, query steps %.1f ms", r.sp.t_draft_prefill_ms, r.sp.t_query_ms);
+        LOG("  (draft prefill %.1f ms, query steps %.1f ms of which reduction %.1f ms", r.sp.t_draft_prefill_ms,
+                r.sp.t_query_ms, r.sp.t_reduce_ms);
         if (r.t_setup_ms > 0.0) {
             LOG(", draft context setup %.1f ms", r.t_setup_ms);
         }
@@ -267,6 +268,7 @@ static int run(int argc, char ** argv) {
         rj["score_ms"]         = spec.t_score_ms;
         rj["draft_prefill_ms"] = spec.sp.t_draft_prefill_ms;
         rj["query_ms"]         = spec.sp.t_query_ms;
+        rj["reduce_ms"]        = spec.sp.t_reduce_ms;
         rj["prefill_ms"]       = spec.t_prefill_ms;
         if (opts.baseline) {
             rj["baseline_ttft_ms"] = base.t_ttft_ms;
@@ -323,6 +325,7 @@ static int run(int argc, char ** argv) {
         j["score_setup_ms"] = spec.t_setup_ms;
         j["score_draft_prefill_ms"] = res.t_draft_prefill_ms;
         j["score_query_ms"] = res.t_query_ms;
+        j["score_reduce_ms"] = res.t_reduce_ms;
         j["run"]            = run_json(spec);
         j["repeats"]        = repeats;
         if (opts.baseline) {
