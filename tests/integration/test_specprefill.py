@@ -87,6 +87,21 @@ def test_flash_attention_scores_match_the_plain_path(tool, tiny_models):
     assert np.argsort(-a)[:50].tolist() == np.argsort(-b)[:50].tolist() or with_fa["kept"] == without["kept"]
 
 
+@pytest.mark.parametrize("window", [0, 1024], ids=["full", "windowed"])
+def test_grouped_query_heads_score_like_the_plain_path(tool, bpe_models, window):
+    """A draft whose query heads share KV heads (4 and 2 here) computes a query step's attention weights beside flash
+    attention with each group of heads as one matmul's columns; the weights must be the plain path's, head for head,
+    with one sequence and with windows side by side."""
+    args = ("--spec-prefill-window", str(window))
+    prompt = bench.make_prompt(3000)
+    with_fa = run_tool(tool, bpe_models["draft"], "-fa", "on", *args, prompt=prompt)
+    without = run_tool(tool, bpe_models["draft"], "-fa", "off", *args, prompt=prompt)
+    assert with_fa["n_windows"] == (1 if window == 0 else 3)
+    a, b = np.array(with_fa["scores"]), np.array(without["scores"])
+    assert np.allclose(a, b, rtol=2e-3, atol=1e-7), float(np.max(np.abs(a - b) / b))
+    assert with_fa["kept"] == without["kept"]
+
+
 def test_windows_score_every_token_once(tool, tiny_models):
     """Windowed scores are a per-window rescaled version of single-window ones: same length, all positive, and each
     window contributes its own span (no token left at zero, none scored twice)."""
@@ -160,6 +175,23 @@ def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, ar
     assert on_gpu["reduced_on"] == "Vulkan0"
     a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
     assert np.allclose(a, b, rtol=1e-3, atol=0), float(np.max(np.abs(a - b) / b))
+
+
+@pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
+def test_grouped_query_heads_on_a_vulkan_device_score_like_the_cpu(build, tool, bpe_models):
+    """The grouped-heads side branch (4 query heads on 2 KV heads) on a Vulkan device, windows side by side, against
+    the CPU's plain path reduced on the host."""
+    if build.record.backend != "vulkan":
+        pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
+    args = ("--spec-prefill-window", "1024")
+    prompt = bench.make_prompt(3000)
+    on_gpu = run_tool(tool, bpe_models["draft"], "-fa", "on", *args, prompt=prompt, device=("-ngl", "99", "-nglpd", "99"),
+                      env={"GGML_VK_VISIBLE_DEVICES": "0"})
+    on_cpu = run_tool(tool, bpe_models["draft"], "-fa", "off", *args, prompt=prompt,
+                      env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
+    assert on_gpu["reduced_on"] == "Vulkan0" and on_gpu["n_windows"] == 3
+    a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
+    assert np.allclose(a, b, rtol=1e-3, atol=1e-7), float(np.max(np.abs(a - b) / b))
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
