@@ -41,7 +41,7 @@ EOF
     grep -h "supported by glslc" "$W/configure-vk-trixie.log" || true
     T=(--target llama-server llama-specprefill llama-bench)
     cmake --build "$W/build" "${T[@]}" -j 10 > "$W/build-cuda.log" 2>&1 &
-    cmake --build "$W/vk-trixie" "${T[@]}" -j 8 > "$W/build-vk-trixie.log" 2>&1 &
+    cmake --build "$W/vk-trixie" --target llama-specprefill llama-bench -j 8 > "$W/build-vk-trixie.log" 2>&1 &
     wait
     ls -la "$W"/build/bin/llama-specprefill "$W"/vk-trixie/bin/llama-specprefill
     "$W/vk-trixie/bin/llama-bench" --list-devices 2>&1 | grep -i -E "vulkan|matrix" | head -4
@@ -54,15 +54,17 @@ models)
 steps)
     mkdir -p "$OUT"
     for b in build vk-trixie; do
+        mkdir -p "$OUT/steps-$b"
         # the draft's own decode, 8 tokens after a prompt of each size: what a query step costs without the capture
         "$W/$b/bin/llama-bench" -m "$W/draft.gguf" -p 0 -n 8 -d "${SIZES:-32768}" -fa 1 -b 4096 -ub 1024 -r 2 -o json \
-            > "$OUT/decode-$b.json" 2> "$OUT/decode-$b.log" || echo "$b: llama-bench failed"
+            > "$OUT/decode-$b.json" 2> "$OUT/steps-$b/decode.log" || echo "$b: llama-bench failed"
         python3 -c "import json,sys; [print(sys.argv[1], 'decode at depth', r['n_depth'], round(1e3/r['avg_ts'], 2), 'ms/token') for r in json.load(open(sys.argv[2]))]" \
             "$b" "$OUT/decode-$b.json" || true
         python3 -m spbuild.bench measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
             --draft "$W/draft.gguf" --sizes "${SIZES:-32768}" --p 0.1 --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 \
             --no-plots --server-args "-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on" --draft-args "" --out "$OUT/steps-$b" \
             > "$OUT/steps-$b.log" 2>&1 || echo "$b: bench.py measure failed"
+        cp "$OUT/steps-$b/results.md" "$OUT/steps-$b.md" || true  # a file under $OUT itself comes back for sure
         python3 - "$b" "$OUT/steps-$b/results.json" <<'EOF' || true
 import json, sys
 for r in json.load(open(sys.argv[2]))["rows"]:
