@@ -326,16 +326,43 @@ const char * common_spec_prefill_select_params_check(const common_spec_prefill_s
     return nullptr;
 }
 
+std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_size, const uint8_t * line_ends) {
+    const int32_t chunk = std::max(1, chunk_size);
+    std::vector<int32_t> bounds = { 0 };
+    for (int32_t i0 = 0; i0 < n_tokens; ) {
+        int32_t i1 = std::min(n_tokens, i0 + chunk);
+        if (line_ends && chunk > 1 && i1 < n_tokens) {
+            // the line end nearest to the fixed cut, from half a chunk to one and a half chunks long
+            const int32_t lo = i0 + (chunk + 1)/2;
+            const int32_t hi = std::min(n_tokens, i0 + chunk + chunk/2);
+            int32_t best = -1;
+            for (int32_t e = lo; e <= hi; ++e) {
+                if (line_ends[e - 1] && (best < 0 || std::abs(e - i1) < std::abs(best - i1))) {
+                    best = e;
+                }
+            }
+            i1 = best > 0 ? best : i1;
+        }
+        bounds.push_back(i1);
+        i0 = i1;
+    }
+    return bounds;
+}
+
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
-        const common_spec_prefill_select_params & params) {
+        const common_spec_prefill_select_params & params,
+        const uint8_t * line_ends) {
     std::vector<int32_t> kept;
     if (n_tokens <= 0) {
         return kept;
     }
-    const int32_t chunk    = std::max(1, params.chunk_size);
-    const int32_t n_chunks = (n_tokens + chunk - 1) / chunk;
+    const int32_t chunk = std::max(1, params.chunk_size);
+    // chunk c is [bounds[c], bounds[c + 1])
+    const std::vector<int32_t> bounds = common_spec_prefill_chunks(n_tokens, chunk,
+            params.chunk_lines ? line_ends : nullptr);
+    const int32_t n_chunks = (int32_t) bounds.size() - 1;
 
     // the tail always kept: keep_last tokens, at least one chunk (and at least the last token)
     const int32_t n_tail = std::min(n_tokens, std::max({params.keep_last, chunk, 1}));
@@ -353,8 +380,8 @@ std::vector<int32_t> common_spec_prefill_select(
     std::vector<double> chunk_sum(n_chunks, 0.0);
     std::vector<int32_t> candidates;
     for (int32_t c = 0; c < n_chunks; ++c) {
-        const int32_t i0 = c*chunk;
-        const int32_t i1 = std::min(n_tokens, i0 + chunk);
+        const int32_t i0 = bounds[c];
+        const int32_t i1 = bounds[c + 1];
         bool all_forced = true;
         for (int32_t i = i0; i < i1; ++i) {
             chunk_sum[c] += score_at(i);
@@ -365,8 +392,7 @@ std::vector<int32_t> common_spec_prefill_select(
         }
     }
     auto chunk_mean = [&](int32_t c) {
-        const int32_t i0 = c*chunk;
-        return chunk_sum[c] / (std::min(n_tokens, i0 + chunk) - i0);
+        return chunk_sum[c] / (bounds[c + 1] - bounds[c]);
     };
     // highest mean first; ties go to the earlier chunk, so the result is deterministic
     std::stable_sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
@@ -382,16 +408,14 @@ std::vector<int32_t> common_spec_prefill_select(
         if (params.max_keep <= 0) {
             return true;
         }
-        const int32_t i0 = c*chunk;
         int32_t n_new = 0;
-        for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+        for (int32_t i = bounds[c]; i < bounds[c + 1]; ++i) {
             n_new += !keep[i];
         }
         return n_kept + n_new <= params.max_keep;
     };
     auto take = [&](int32_t c) {
-        const int32_t i0 = c*chunk;
-        for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+        for (int32_t i = bounds[c]; i < bounds[c + 1]; ++i) {
             n_kept += !keep[i];
             keep[i] = 1;
         }
@@ -412,8 +436,7 @@ std::vector<int32_t> common_spec_prefill_select(
             if (!fits(c)) {
                 continue;
             }
-            const int32_t i0 = c*chunk;
-            for (int32_t i = i0; i < std::min(n_tokens, i0 + chunk); ++i) {
+            for (int32_t i = bounds[c]; i < bounds[c + 1]; ++i) {
                 held += keep[i] ? 0.0 : score_at(i);
             }
             take(c);

@@ -102,11 +102,20 @@ std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t
 // selection
 //
 
-// the sorted prompt positions to prefill; every position when the selection keeps everything
+// The chunks of n_tokens tokens, as their bounds: chunk c is [bounds[c], bounds[c + 1]). Without line_ends, fixed
+// chunks of chunk_size. With line_ends (line_ends[i] != 0: token i ends a line), each cut moves to the line end
+// nearest to it that leaves the chunk between half and one and a half chunk_size long, so that short lines, such as a
+// fact on a line of its own, are not split between a kept chunk and a dropped one; where no line ends in that range,
+// the cut stays where it was.
+std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_size, const uint8_t * line_ends);
+
+// the sorted prompt positions to prefill; every position when the selection keeps everything. line_ends (may be
+// null): which tokens end a line, for params.chunk_lines
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
-        const struct common_spec_prefill_select_params & params);
+        const struct common_spec_prefill_select_params & params,
+        const uint8_t * line_ends = nullptr);
 
 // nullptr if the parameters are valid, else what is wrong
 const char * common_spec_prefill_select_params_check(const struct common_spec_prefill_select_params & params);

@@ -69,6 +69,7 @@ struct common_spec_prefill {
     llama_model     * model = nullptr;
     llama_context_ptr ctx;
     const llama_vocab * vocab = nullptr;
+    std::vector<uint8_t> token_newlines; // per token id: where its piece has a newline, found at its first use
 
     int32_t n_layer     = 0;
     int32_t n_swa       = 0;
@@ -464,6 +465,7 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->n_ubatch        = std::max(1, std::min(params.n_ubatch, params.n_batch));
     sp->flash_attn_type = params.flash_attn_type;
     sp->vocab           = llama_model_get_vocab(model);
+    sp->token_newlines.assign(llama_vocab_n_tokens(sp->vocab), 0);
     sp->n_layer         = llama_model_n_layer(model);
     sp->n_swa           = llama_model_n_swa(model);
     sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model);
@@ -501,6 +503,37 @@ void common_spec_prefill_free(common_spec_prefill * sp) {
         common_spec_prefill_pool_free(sp->pool);
     }
     delete sp;
+}
+
+// which of prompt[n_past, N) end a line: a token whose piece ends with a newline, or that a piece starting with one
+// follows (the draft's vocabulary is the target's)
+static std::vector<uint8_t> spec_prefill_line_ends(common_spec_prefill * sp, const llama_tokens & prompt,
+        int32_t n_past) {
+    enum : uint8_t { NEWLINE_UNKNOWN = 0, NEWLINE_NONE = 1, NEWLINE_AT_END = 2, NEWLINE_AT_START = 4 };
+    auto newline = [&](llama_token tok) -> uint8_t {
+        if (tok < 0 || tok >= (llama_token) sp->token_newlines.size()) {
+            return NEWLINE_NONE;
+        }
+        uint8_t & kind = sp->token_newlines[tok];
+        if (kind == NEWLINE_UNKNOWN) {
+            const std::string piece = common_token_to_piece(sp->vocab, tok, true);
+            kind = NEWLINE_NONE;
+            if (!piece.empty() && piece.back() == '\n') {
+                kind |= NEWLINE_AT_END;
+            }
+            if (!piece.empty() && piece.front() == '\n') {
+                kind |= NEWLINE_AT_START;
+            }
+        }
+        return kind;
+    };
+    const int32_t n_prompt = (int32_t) prompt.size();
+    std::vector<uint8_t> ends(std::max(0, n_prompt - n_past), 0);
+    for (int32_t i = n_past; i < n_prompt; ++i) {
+        ends[i - n_past] = (newline(prompt[i]) & NEWLINE_AT_END) ||
+            (i + 1 < n_prompt && (newline(prompt[i + 1]) & NEWLINE_AT_START));
+    }
+    return ends;
 }
 
 //
@@ -1002,7 +1035,12 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     if (res.n_past > 0) {
         select.keep_first = 0;
     }
-    auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select);
+    std::vector<uint8_t> line_ends;
+    if (select.chunk_lines) {
+        line_ends = spec_prefill_line_ends(sp, prompt, res.n_past);
+    }
+    auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select,
+            line_ends.empty() ? nullptr : line_ends.data());
     if ((int32_t) kept.size() >= n_new) {
         return full(COMMON_SPEC_PREFILL_KEPT_ALL, "the selection kept every token");
     }

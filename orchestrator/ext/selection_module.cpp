@@ -99,17 +99,31 @@ NB_MODULE(_selection, m) {
     }, nb::arg("mode"), nb::arg("keep"), nb::arg("mass"), nb::arg("chunk_size"), nb::arg("keep_first"),
        nb::arg("keep_last"));
 
+    m.def("chunks", [](int32_t n_tokens, int32_t chunk_size, std::optional<std::vector<uint8_t>> line_ends) {
+        if (n_tokens < 0 || (line_ends && (int32_t) line_ends->size() != n_tokens)) {
+            throw std::invalid_argument("chunks: need n_tokens >= 0 and one line_ends flag per token");
+        }
+        return common_spec_prefill_chunks(n_tokens, chunk_size, line_ends ? line_ends->data() : nullptr);
+    }, nb::arg("n_tokens"), nb::arg("chunk_size"), nb::arg("line_ends") = nb::none(),
+       "The chunks' bounds: chunk c is [bounds[c], bounds[c + 1]).");
+
     m.def("select", [](f32_array scores, const std::string & mode, float keep, float mass, int32_t chunk_size,
-                       int32_t keep_first, int32_t keep_last) {
+                       int32_t keep_first, int32_t keep_last, std::optional<std::vector<uint8_t>> line_ends) {
         if (scores.ndim() != 1) {
             throw std::invalid_argument("select: scores must be 1-D");
         }
-        const auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
+        if (line_ends && line_ends->size() != scores.shape(0)) {
+            throw std::invalid_argument("select: need one line_ends flag per score");
+        }
+        auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
+        params.chunk_lines = line_ends.has_value();
         if (const char * problem = common_spec_prefill_select_params_check(params)) {
             throw std::invalid_argument(problem);
         }
-        return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params);
+        return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params,
+                line_ends ? line_ends->data() : nullptr);
     }, nb::arg("scores"), nb::arg("mode") = "keep", nb::arg("keep") = 0.3f, nb::arg("mass") = 0.85f,
        nb::arg("chunk_size") = 32, nb::arg("keep_first") = 4, nb::arg("keep_last") = 64,
-       "Sorted positions to prefill.");
+       nb::arg("line_ends") = nb::none(),
+       "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines.");
 }

@@ -30,8 +30,9 @@ TIMEOUT_S = 3600
 
 
 # the selection's shape a setting may change per request: the server's field and the tool's flag
-SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "keep_first": "--spec-prefill-keep-first",
-                    "keep_last": "--spec-prefill-keep-last"}
+SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
+                    "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last"}
+SWITCH_FIELDS = {"chunk_lines"}  # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,19 @@ class Setting:
 
     def request(self) -> dict:
         fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window, "return_kept": True,
-                        "select": self.select, **dict(self.variant)}
+                        "select": self.select,
+                        **{k: bool(v) if k in SWITCH_FIELDS else v for k, v in self.variant}}
         fields["p" if self.select == "keep" else "mass"] = self.value
         return fields
 
     def tool_args(self) -> list[str]:
         args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window)]
         for key, value in self.variant:
-            args += [SELECTION_FIELDS[key], str(value)]
+            flag = SELECTION_FIELDS[key]
+            if key in SWITCH_FIELDS:
+                args.append(flag if value else "--no-" + flag.removeprefix("--"))
+            else:
+                args += [flag, str(value)]
         if self.select == "keep":
             return args + ["--spec-prefill-p", str(self.value)]
         return args + ["--spec-prefill-select", "mass", "--spec-prefill-mass", str(self.value)]
@@ -91,9 +97,10 @@ def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
         for item in part.split(","):
             key, _, value = item.partition("=")
             key = key.strip()
-            if key not in SELECTION_FIELDS or not value.strip().isdigit():
+            if key not in SELECTION_FIELDS or not value.strip().isdigit() or \
+                    (key in SWITCH_FIELDS and value.strip() not in ("0", "1")):
                 raise SpbuildError(f"--vary: {item.strip()!r} is not FIELD=N with FIELD one of "
-                                   f"{', '.join(SELECTION_FIELDS)}")
+                                   f"{', '.join(SELECTION_FIELDS)} ({', '.join(SWITCH_FIELDS)}: 0 or 1)")
             variant.append((key, int(value)))
         out.append(tuple(variant))
     return out

@@ -259,6 +259,20 @@ def suite(kinds: Sequence[str], fillers: Sequence[str], lengths: Sequence[int], 
     return cases
 
 
+# the quality bar (tests/integration/test_quality_bar.py): the four kinds Gemma 3 270M answers with the full prefill,
+# at 1K-2K tokens, a case each per length, depths and fillers in turn
+QUALITY_BAR_KINDS = ("needle", "multikey", "multihop", "temporal")
+QUALITY_BAR_LENGTHS = (1024, 1536, 2048)
+QUALITY_BAR_DEPTHS = (0.2, 0.5, 0.8)
+
+
+def quality_bar(count_tokens: Callable[[str], int] | None = None) -> list[Case]:
+    """The quality bar's 12 cases, the same every run (each length has its own seed)."""
+    return [make_case(kind, FILLERS[(k + i) % len(FILLERS)], n, QUALITY_BAR_DEPTHS[(k + i) % len(QUALITY_BAR_DEPTHS)],
+                      seed=i, count_tokens=count_tokens)
+            for i, n in enumerate(QUALITY_BAR_LENGTHS) for k, kind in enumerate(QUALITY_BAR_KINDS)]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # reading answers and prompts
 

@@ -19,9 +19,6 @@ from spbuild import evaluate, reports, tasks
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 
-KINDS = ("needle", "multikey", "multihop", "temporal")
-LENGTHS = (1024, 1536, 2048)
-DEPTHS = (0.2, 0.5, 0.8)
 WINDOW = 512  # 2-4 windows at these lengths
 
 # what the default holds on these cases (2026-12-02), under the aim of 0.9 and 0.95
@@ -33,13 +30,11 @@ RETENTION_HELD = 0.9
 def quality_rows(build, gemma, tmp_path_factory) -> tuple[float, list[dict]]:
     out = tmp_path_factory.mktemp("quality-bar")
     bin_dir = build.binary("llama-server").parent
-    backend = evaluate.ServerBackend(bin_dir, gemma, gemma, int(max(LENGTHS) * 1.1) + 256, ["--device", "none"],
-                                     out / "server.log")
+    backend = evaluate.ServerBackend(bin_dir, gemma, gemma, int(max(tasks.QUALITY_BAR_LENGTHS) * 1.1) + 256,
+                                     ["--device", "none"], out / "server.log")
     try:
         p = backend.server.request("GET", "/props").json()["spec_prefill"]["p"]
-        cases = [tasks.make_case(kind, tasks.FILLERS[(k + i) % len(tasks.FILLERS)], n,
-                                 DEPTHS[(k + i) % len(DEPTHS)], seed=i, count_tokens=backend.count_tokens)
-                 for i, n in enumerate(LENGTHS) for k, kind in enumerate(KINDS)]
+        cases = tasks.quality_bar(backend.count_tokens)
         settings = [evaluate.Setting("keep", p, 0), evaluate.Setting("keep", p, WINDOW)]
         rows = evaluate.run(backend, cases, settings)
         # the rows as `spbuild eval` reports them, beside the server's log, for a failure to be read
@@ -75,7 +70,7 @@ def _report(rows: list[dict]) -> list[tuple]:
 def test_every_case_is_scored_at_the_default(quality_rows):
     p, rows = quality_rows
     assert 0.0 < p <= 1.0
-    assert len(rows) == 2 * len(LENGTHS) * len(KINDS)
+    assert len(rows) == 2 * len(tasks.QUALITY_BAR_LENGTHS) * len(tasks.QUALITY_BAR_KINDS)
     assert all(r["status"] == "active" for r in rows), [(r["case"], r["setting"], r.get("reason")) for r in rows]
     assert all(r["n_windows"] >= 2 for r in _by_window(rows, WINDOW))
     assert all(r["n_windows"] == 1 for r in _by_window(rows, 0))

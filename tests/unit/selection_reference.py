@@ -117,9 +117,21 @@ def clean_scores(scores) -> list[float]:
     return [float(s) if math.isfinite(s) else 0.0 for s in np.asarray(scores, dtype=np.float32).tolist()]
 
 
-def chunk_ranges(n: int, chunk_size: int) -> list[range]:
+def chunk_ranges(n: int, chunk_size: int, line_ends=None) -> list[range]:
+    """Fixed chunks; with line_ends, each chunk but the last takes the length, between half and one and a half chunk
+    sizes, that ends on a line end and is nearest to the chunk size (the shorter of two as near), if there is one."""
     chunk = max(1, chunk_size)
-    return [range(c, min(n, c + chunk)) for c in range(0, n, chunk)]
+    out, i0 = [], 0
+    while i0 < n:
+        end = min(n, i0 + chunk)
+        if line_ends is not None and chunk > 1 and end < n:
+            lengths = [size for size in range(math.ceil(chunk / 2), chunk + chunk // 2 + 1)
+                       if i0 + size <= n and line_ends[i0 + size - 1]]
+            if lengths:
+                end = i0 + min(lengths, key=lambda size: (abs(size - chunk), size))
+        out.append(range(i0, end))
+        i0 = end
+    return out
 
 
 def forced_positions(n: int, chunk_size: int, keep_first: int, keep_last: int) -> set[int]:
@@ -133,11 +145,11 @@ def keep_count(keep: float, n_chunks: int, n_candidates: int) -> int:
     return min(max(1, math.ceil(keep * n_chunks - 1e-6)), n_candidates)
 
 
-def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int) -> list[int]:
+def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int, line_ends=None) -> list[int]:
     """Candidate chunk indices (not entirely always-kept), highest mean first, ties to the lower index."""
     s = clean_scores(scores)
     n = len(s)
-    chunks = chunk_ranges(n, chunk_size)
+    chunks = chunk_ranges(n, chunk_size, line_ends)
     forced = forced_positions(n, chunk_size, keep_first, keep_last)
     candidates = [c for c, r in enumerate(chunks) if not all(i in forced for i in r)]
     mean = {c: seq_sum(s[i] for i in chunks[c]) / len(chunks[c]) for c in candidates}
@@ -145,7 +157,7 @@ def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int) 
 
 
 def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, chunk_size: int = 32,
-           keep_first: int = 4, keep_last: int = 64) -> list[int]:
+           keep_first: int = 4, keep_last: int = 64, line_ends=None) -> list[int]:
     problem = check_params(mode, keep, mass, chunk_size, keep_first, keep_last)
     if problem is not None:
         raise ValueError(problem)
@@ -153,9 +165,9 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
     n = len(s)
     if n == 0:
         return []
-    chunks = chunk_ranges(n, chunk_size)
+    chunks = chunk_ranges(n, chunk_size, line_ends)
     kept = forced_positions(n, chunk_size, keep_first, keep_last)
-    order = ranked_candidates(scores, chunk_size, keep_first, keep_last)
+    order = ranked_candidates(scores, chunk_size, keep_first, keep_last, line_ends)
 
     if mode == "keep":
         for c in order[:keep_count(keep, len(chunks), len(order))]:

@@ -264,6 +264,59 @@ def test_select_matches_reference(scores, p, mode):
     assert run_select(scores, mode, p) == ref.select(scores, mode, **p)
 
 
+@st.composite
+def scores_with_line_ends(draw):
+    """Scores and a line-end flag per token: lines of a few tokens to a few chunks long, as prompts have them."""
+    scores = draw(score_arrays(min_size=1))
+    line_ends = [0] * len(scores)
+    i = draw(st.integers(0, 20))
+    while i < len(scores):
+        line_ends[i] = 1
+        i += draw(st.integers(1, 80))
+    return scores, line_ends
+
+
+@FAST
+@given(scores_with_line_ends(), select_params(), st.sampled_from(["keep", "mass"]))
+def test_select_along_lines_matches_reference(data, p, mode):
+    scores, line_ends = data
+    got = list(sel.select(np.ascontiguousarray(scores, dtype=np.float32), mode, p["keep"], p["mass"],
+                          p["chunk_size"], p["keep_first"], p["keep_last"], line_ends))
+    assert got == ref.select(scores, mode, **p, line_ends=line_ends)
+
+
+@FAST
+@given(scores_with_line_ends(), st.integers(0, 48))
+def test_chunks_along_lines(data, chunk_size):
+    scores, line_ends = data
+    n, chunk = len(scores), max(1, chunk_size)
+    bounds = list(sel.chunks(n, chunk_size, line_ends))
+    assert bounds == [r.start for r in ref.chunk_ranges(n, chunk_size, line_ends)] + [n]
+    assert bounds[0] == 0 and bounds[-1] == n and all(a < b for a, b in zip(bounds, bounds[1:]))
+    for a, b in zip(bounds, bounds[1:-1]):  # every cut but the prompt's end
+        if line_ends[b - 1] and chunk > 1:
+            assert (chunk + 1) // 2 <= b - a <= chunk + chunk // 2  # moved to a line end, within the range
+        else:
+            assert b - a == chunk  # no line end in range: the fixed cut
+    assert list(sel.chunks(n, chunk_size)) == list(range(0, n, chunk)) + [n]
+
+
+def test_a_short_line_is_kept_whole():
+    """A fact on a line of its own across a fixed cut: fixed chunks split it between a kept chunk and a dropped one
+    (the quality bar's lost multi-key answer lost the line's first token so); chunks along lines keep it whole."""
+    n, chunk = 256, 32
+    line_ends = [0] * n
+    for end in (19, 41, 59, 75, 101, 130, 160, 190, 220):  # lines of 16 to 30 tokens
+        line_ends[end] = 1
+    scores = np.full(n, 0.01, np.float32)
+    scores[60:76] = 1.0  # the fact: tokens 60-75, a line of its own across the fixed cut at 64
+    fixed = set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0))
+    along = set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0, line_ends))
+    fact = set(range(60, 76))
+    assert fact <= along and not fact <= fixed
+    assert 42 in sel.chunks(n, chunk, line_ends) and 76 in sel.chunks(n, chunk, line_ends)
+
+
 @MEDIUM
 @given(with_non_finite(score_arrays(min_size=1)), select_params(), st.sampled_from(["keep", "mass"]))
 def test_select_non_finite_scores_count_as_zero(scores, p, mode):

@@ -112,6 +112,14 @@ def test_the_suite_crosses_kinds_lengths_and_depths_and_takes_fillers_in_turn():
         assert {c.filler for c in cases if c.kind == kind} == set(tasks.FILLERS)
 
 
+def test_the_quality_bar_is_one_case_per_kind_and_length_with_depths_and_fillers_in_turn():
+    cases = tasks.quality_bar()
+    assert [(c.kind, c.n_tokens) for c in cases] == [(k, n) for n in tasks.QUALITY_BAR_LENGTHS
+                                                     for k in tasks.QUALITY_BAR_KINDS]
+    assert {c.depth for c in cases} == set(tasks.QUALITY_BAR_DEPTHS) and {c.filler for c in cases} == set(tasks.FILLERS)
+    assert [c.prompt for c in tasks.quality_bar()] == [c.prompt for c in cases]  # the same cases every run
+
+
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), kind=kinds, filler=fillers)
 def test_token_spans_cover_exactly_the_pieces_that_overlap_the_evidence(data, kind, filler):
