@@ -141,6 +141,31 @@ def test_per_request_chunks_head_and_tail_shape_the_kept_ranges(spec_server):
     assert head[0] == 0 and head[1] >= 300, head
 
 
+def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
+    """With chunk_lines every cut of a prompt of short lines moves to a line end, so each kept range (but the always-kept
+    tail) is whole lines; with fixed chunks of the same size most are not."""
+    prompt = "".join(words(20, seed=100 + i) + "\n" for i in range(150))
+    tokens = spec_server.request("POST", "/tokenize", {"content": prompt, "add_special": True,
+                                                        "with_pieces": True}).json()["tokens"]
+    pieces = [t["piece"] for t in tokens]
+    line_ends = {i for i, p in enumerate(pieces) if p.endswith("\n")}
+    line_ends |= {i - 1 for i, p in enumerate(pieces) if p.startswith("\n") and i > 0}
+
+    def ranges(chunk_lines: bool) -> list[list[int]]:
+        sp = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={
+            "return_kept": True, "chunk_lines": chunk_lines, "keep_first": 0, "keep_last": 1}))
+        assert sp["status"] == "active", sp
+        return sp["kept"][:-1]  # the last range holds the tail, cut by count
+
+    def whole_lines(begin: int, end: int) -> bool:
+        return (begin == 0 or begin - 1 in line_ends) and end - 1 in line_ends
+
+    along = ranges(True)
+    assert len(along) >= 10 and all(whole_lines(b, e) for b, e in along), along
+    assert not all(whole_lines(b, e) for b, e in ranges(False))
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["chunk_lines"] in (True, False)
+
+
 @pytest.mark.parametrize("fields, name", [
     ({"spec_prefill": {"p": 0}}, "spec_prefill.p"),
     ({"spec_prefill": {"p": 1.5}}, "spec_prefill.p"),
@@ -154,6 +179,7 @@ def test_per_request_chunks_head_and_tail_shape_the_kept_ranges(spec_server):
     ({"spec_prefill": {"chunk_size": 70000}}, "spec_prefill.chunk_size"),
     ({"spec_prefill": {"keep_first": -1}}, "spec_prefill.keep_first"),
     ({"spec_prefill": {"keep_last": 1.5}}, "spec_prefill.keep_last"),
+    ({"spec_prefill": {"chunk_lines": "yes"}}, "spec_prefill.chunk_lines"),
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),
