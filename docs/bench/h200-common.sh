@@ -8,3 +8,22 @@ unpack_tree() {
     tar -xJf .carry/tree.tar.xz -C "$1"
     cp .carry/ggml-vocab-llama-bpe.gguf "$1/models/"
 }
+
+# the Vulkan configure flags, before the glslc and headers are chosen
+VK=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+    -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1)
+
+# toolchain_defines DIR: the CMake definitions spbuild chooses and hands over for the toolchain folder carried to
+# DIR/workdir/toolchain (install() finds it complete), one -D a word; the choice's summary goes to stderr
+toolchain_defines() {
+    PYTHONPATH=$PWD/orchestrator python3 - "$1" <<'EOF'
+import sys
+from pathlib import Path
+from spbuild import vulkan_toolchain as vt
+w = Path(sys.argv[1])
+choice = vt.choose("toolchain", w / "src", w / "workdir" / "toolchain")
+print(choice.summary(), file=sys.stderr)
+print(" ".join(f"-D{k}={v}" for k, v in choice.defines().items()))
+EOF
+}

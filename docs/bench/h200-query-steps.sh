@@ -22,22 +22,9 @@ case "$1" in
 build)
     rm -rf "$W/src" "$W/build" "$W/vk-trixie" && unpack_tree "$W/src"
     mkdir -p "$W/workdir" && tar -xJf .carry/tc-trixie.tar.xz -C "$W/workdir"
-    # what spbuild itself chooses and hands CMake, from the carried toolchain folder (install() finds it complete)
-    python3 - "$W" > "$W/toolchain-defines.txt" <<'EOF'
-import sys
-from pathlib import Path
-from spbuild import vulkan_toolchain as vt
-w = Path(sys.argv[1])
-choice = vt.choose("toolchain", w / "src", w / "workdir" / "toolchain")
-print(choice.summary(), file=sys.stderr)
-print(" ".join(f"-D{k}={v}" for k, v in choice.defines().items()))
-EOF
-    read -r -a TC < "$W/toolchain-defines.txt"
-    VK=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
-        -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1 "${TC[@]}")
+    read -r -a TC <<< "$(toolchain_defines "$W")"
     cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure-cuda.log" 2>&1
-    cmake -S "$W/src" -B "$W/vk-trixie" "${VK[@]}" > "$W/configure-vk-trixie.log" 2>&1
+    cmake -S "$W/src" -B "$W/vk-trixie" "${VK[@]}" "${TC[@]}" > "$W/configure-vk-trixie.log" 2>&1
     grep -h "supported by glslc" "$W/configure-vk-trixie.log" || true
     T=(--target llama-server llama-specprefill llama-bench)
     cmake --build "$W/build" "${T[@]}" -j 10 > "$W/build-cuda.log" 2>&1 &

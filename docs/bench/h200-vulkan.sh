@@ -24,9 +24,6 @@ set -euo pipefail
 W=/tmp/spvk
 source docs/bench/h200-common.sh
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-VK=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
-    -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1)
 case "$1" in
 ops)
     for b in vk-debian12 vk-trixie; do
@@ -58,17 +55,7 @@ vulkan)
         "$W/bookworm/usr/bin/glslc" > "$W/bookworm/glslc" && chmod +x "$W/bookworm/glslc"
     mkdir -p "$W/workdir" && tar -xJf .carry/tc-trixie.tar.xz -C "$W/workdir" && mv "$W/workdir/tc-test" "$W/workdir/toolchain"
     "$W/bookworm/glslc" --version | head -1
-    # what spbuild itself chooses and hands CMake, from the carried toolchain folder (install() finds it complete)
-    PYTHONPATH=orchestrator python3 - "$W" > "$W/toolchain-defines.txt" <<'EOF'
-import sys
-from pathlib import Path
-from spbuild import vulkan_toolchain as vt
-w = Path(sys.argv[1])
-choice = vt.choose("toolchain", w / "src", w / "workdir" / "toolchain")
-print(choice.summary(), file=sys.stderr)
-print(" ".join(f"-D{k}={v}" for k, v in choice.defines().items()))
-EOF
-    read -r -a TC < "$W/toolchain-defines.txt"
+    read -r -a TC <<< "$(toolchain_defines "$W")"
     echo "toolchain defines: ${TC[*]}"
     SYS=(-DVulkan_GLSLC_EXECUTABLE="$W/bookworm/glslc" -DVulkan_INCLUDE_DIR="$W/bookworm/usr/include"
          -DSPIRV-Headers_DIR="$W/bookworm/usr/share/cmake/SPIRV-Headers")
