@@ -104,8 +104,8 @@ struct common_spec_prefill {
     std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
     std::vector<float> graph_out;
     int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
-    int64_t t_reduce_us    = 0; // this prompt's time reducing rows after the query steps' decodes
     int32_t n_reads_host   = 0; // and on the host
+    int64_t t_reduce_us    = 0; // this prompt's time reducing rows after the query steps' decodes
 };
 
 //
@@ -913,7 +913,6 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     res.t_query_ms += (ggml_time_us() - t_query) / 1000.0;
-    res.t_reduce_ms = sp->t_reduce_us / 1000.0;
 
     for (int32_t s = 0; s < n_seq; ++s) {
         if (ok) {
@@ -990,8 +989,8 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.scores.assign(res.n_prompt, 0.0f);
     sp->capture_error.clear();
     sp->n_reads_graph    = 0;
-    sp->t_reduce_us      = 0;
     sp->n_reads_host     = 0;
+    sp->t_reduce_us      = 0;
     sp->graph_off_prompt = false;
     sp->cancel           = req.cancel;
     std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
@@ -1023,6 +1022,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + spec_prefill_lost_reason(dev));
     }
     res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
+    res.t_reduce_ms = sp->t_reduce_us / 1000.0;
     if (sp->n_reads_graph > 0) {
         res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));
     }

@@ -115,8 +115,7 @@ NB_MODULE(_selection, m) {
         if (line_ends && line_ends->size() != scores.shape(0)) {
             throw std::invalid_argument("select: need one line_ends flag per score");
         }
-        auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
-        params.chunk_lines = line_ends.has_value();
+        const auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
         if (const char * problem = common_spec_prefill_select_params_check(params)) {
             throw std::invalid_argument(problem);
         }
