@@ -20,6 +20,10 @@ static constexpr int32_t SPEC_PREFILL_N_SINK = 4;
 // every window but the last also ends with the prompt's last tokens (the question), so its lookahead rows look for
 // what the question needs
 static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
+// a context prepared for full-prompt scoring also has room for a request's windows of this size in one round
+// (docs/benchmarks.md: 8K windows are the fastest at 128K): every window adds a sink, the question and the lookahead,
+// on llama.cpp's 256-cell grid, about 6% more cells (16 windows of 8,704 cells for a 128K slot instead of 15)
+static constexpr int32_t SPEC_PREFILL_WINDOW_PREPARED = 8192;
 
 // the scoring graph's groups of layers: 64 MiB of weights is every layer of a 1.5B draft at 32K cells, a third of
 // them at 128K; the graph's memory is a few times that
@@ -744,9 +748,28 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
 bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
     const llama_tokens dummy(std::max(1, n_prompt), 0);
     sp->fixed_size = false;
-    const auto plan = spec_prefill_make_plan(sp, dummy, common_spec_prefill_default_request(sp));
-    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells)) {
-        LOG_ERR("%s: cannot create a draft context of %d x %d cells\n", __func__, plan.n_seq, plan.n_cells);
+    common_spec_prefill_request req = common_spec_prefill_default_request(sp);
+    const auto plan = spec_prefill_make_plan(sp, dummy, req);
+    int32_t n_cells = plan.n_cells;
+    if (req.window <= 0 && plan.windows.size() == 1) {
+        // scored in full by default: room beside it for windows of SPEC_PREFILL_WINDOW_PREPARED side by side, where
+        // --spec-prefill-ctx allows all of them (fewer would save no round)
+        // the most cells any shorter prompt's windows take: the slot's prompt, or the longest one whose windows are
+        // all full-sized (one window fewer, each longer)
+        req.window = SPEC_PREFILL_WINDOW_PREPARED;
+        int64_t n_cells_w = 0;
+        for (const int32_t n : { n_prompt, n_prompt / req.window * req.window }) {
+            const auto plan_w = spec_prefill_make_plan(sp, llama_tokens(std::max(1, n), 0), req);
+            if (plan_w.windows.size() > 1) {
+                n_cells_w = std::max(n_cells_w, (int64_t) plan_w.windows.size() * GGML_PAD(plan_w.n_cells, 256));
+            }
+        }
+        if (n_cells_w > n_cells && n_cells_w <= sp->n_ctx_max) {
+            n_cells = (int32_t) n_cells_w;
+        }
+    }
+    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, n_cells)) {
+        LOG_ERR("%s: cannot create a draft context of %d x %d cells\n", __func__, plan.n_seq, n_cells);
         return false;
     }
     sp->fixed_size    = true;

@@ -117,16 +117,22 @@ def stream_ttft(server: ServerProcess, prompt: str, spec_prefill: dict, n_predic
     return ((first or time.monotonic()) - started) * 1e3, timings
 
 
+def draft_ctx_cap(n_ctx: int) -> int:
+    """--spec-prefill-ctx for prompts of up to n_ctx tokens: a cap, not a size. Above the draft's trained context too,
+    so that window 0 is full-prompt scoring at every N; with room for the windows of any N side by side, which add a
+    sink, the question and the lookahead each (the server prepares the slot's prompt in full and in 8K windows, the
+    tool sizes the draft context for each prompt)."""
+    return 2 * n_ctx + 1024
+
+
 class ServerLeg:
     """One llama-server for every size (its context fits the largest prompt, the draft's too, so that window 0 is
     full-prompt scoring at every N); spec prefill is set per request."""
 
     def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, server_args: Sequence[str],
                  draft_args: Sequence[str], log: Path):
-        # the draft's context holds the slot's whole context and the lookahead (the server sizes it for the longest
-        # prompt a slot can hold)
         self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_ctx + 512),
-                     "--spec-prefill-ctx", str(n_ctx + 768), "-np", "1", *server_args, *draft_args]
+                     "--spec-prefill-ctx", str(draft_ctx_cap(n_ctx)), "-np", "1", *server_args, *draft_args]
         self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
         try:
             self.server.wait_ready(900)
@@ -162,7 +168,7 @@ class ToolLeg:
                  draft_args: Sequence[str], work: Path):
         self.binary = bin_dir / "llama-specprefill"
         self.common = ["-m", str(target), "-mpd", str(draft), "-c", str(n_ctx + 512), "--spec-prefill-ctx",
-                       str(n_ctx + 768), "-n", "4", "--temp", "0", *server_args, *draft_args]
+                       str(draft_ctx_cap(n_ctx)), "-n", "4", "--temp", "0", *server_args, *draft_args]
         self.work = work
         self._full: dict[str, list[dict]] = {}
         self._runs = 0

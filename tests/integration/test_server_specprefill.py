@@ -325,6 +325,16 @@ def test_per_request_windows_are_scored_side_by_side_and_full_scoring_comes_back
     assert full["score_setup_ms"] > 0, full
 
 
+def test_the_prepared_context_has_room_for_8k_windows_side_by_side(server_factory, bpe_models):
+    """Prepared for the slot's prompt in full, the draft context also holds that prompt in windows of 8,192 side by
+    side, though each window adds a sink, the question and the lookahead: a request's 8K windows are scored in one
+    round (in the slot's cells alone, 3 windows of 7,168 cells would not fit side by side)."""
+    server = server_factory(spec_args(bpe_models, n_parallel=1, n_ctx=20480))
+    sp = spec(complete(server, words(20300, seed=23), n_predict=1, spec_prefill={"window": 8192}))
+    assert sp["status"] == "active" and 20300 < sp["n_prompt"] < 20480, sp
+    assert sp["n_windows"] == 3 and sp["n_parallel"] == 3, sp
+
+
 def test_concurrent_requests_with_mixed_settings(server_factory, bpe_models):
     server = server_factory(spec_args(bpe_models, n_parallel=4, n_ctx=4 * 4096))
     cases = [({"p": 0.2}, "active"), ({"enabled": False}, "disabled"), ({"p": 0.5}, "active"),
