@@ -9,7 +9,8 @@
 #   bash docs/bench/h200-bench-eval.sh build            # CUDA build (server, tool, llama-bench) and the random models
 #   bash docs/bench/h200-bench-eval.sh gemma DIR        # append DIR's part(s) of Gemma; says when the sha256 matches
 #   bash docs/bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
-#                                                       # (P=0.1 WINDOW=8192 to measure fewer settings)
+#                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
+#                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan)
 #   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # Gemma 3 270M quality into $OUT/NAME; ARGS go to
 #                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
@@ -35,12 +36,22 @@ gemma)
     if [ "$(sha256sum "$W/gemma.gguf" | cut -d' ' -f1)" = "$want" ]; then echo "gemma.gguf complete"; fi
     ;;
 bench)
-    python3 -m spbuild.bench measure --bin "$W/build/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
-        --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/bench-cuda"
+    # BUILD=vk-trixie: the Vulkan build of docs/bench/h200-query-steps.sh; NAME: the folder under $OUT
+    name=${NAME:-bench-cuda}
+    if [ "${BUILD:-build}" != build ]; then vulkan_loader; fi
+    python3 -m spbuild.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
+        --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/$name" \
+        > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; exit 1; }
+    cp "$OUT/$name/results.md" "$OUT/$name.md"  # files under $OUT itself come back for sure
+    cp "$OUT/$name/results.json" "$OUT/$name.json"
+    cat "$OUT/$name.md"
     ;;
 eval)
     python3 -m spbuild.evaluate --bin "$W/build/bin" --target "$W/gemma.gguf" --lengths "$2" \
         --depths 0.1,0.5,0.9 --p 0.1,0.2,0.3 --window 0,2048,4096 --no-plots \
-        --server-args "-ngl 99 -nglpd 99 -fa on ${EXTRA_SERVER_ARGS:-}" --out "$OUT/$3" "${@:4}"
+        --server-args "-ngl 99 -nglpd 99 -fa on ${EXTRA_SERVER_ARGS:-}" --out "$OUT/$3" "${@:4}" \
+        > "$OUT/$3.log" 2>&1 || { tail -20 "$OUT/$3.log"; exit 1; }
+    cp "$OUT/$3/results.md" "$OUT/$3.md"  # files under $OUT itself come back for sure
+    cp "$OUT/$3/results.json" "$OUT/$3.json"
     ;;
 esac

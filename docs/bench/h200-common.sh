@@ -27,3 +27,11 @@ print(choice.summary(), file=sys.stderr)
 print(" ".join(f"-D{k}={v}" for k, v in choice.defines().items()))
 EOF
 }
+
+# vulkan_loader: the Vulkan loader and GL dispatch packages carried in .gl/ (NVIDIA's Vulkan driver needs them; the
+# device has the driver's ICD file but no loader)
+vulkan_loader() {
+    export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+}

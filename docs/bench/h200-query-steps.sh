@@ -8,29 +8,31 @@
 # Carried: .carry/tree.tar.xz, .carry/ggml-vocab-llama-bpe.gguf (as h200-bench-eval.sh says), .carry/tc-trixie.tar.xz
 # (the toolchain folder as spbuild installs it: tar -C .spbuild -c toolchain | xz), .gl/ (the Vulkan loader and GL
 # dispatch packages, as the device's README says: libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2).
-#   bash docs/bench/h200-query-steps.sh build     # both builds, side by side
+#   bash docs/bench/h200-query-steps.sh build     # both builds (server, tool, llama-bench), side by side; a build cut
+#                                                 # by the call's time limit goes on where it stopped when run again
 #   bash docs/bench/h200-query-steps.sh models    # random 8B target and 1.5B draft, trained to 256K
 #   bash docs/bench/h200-query-steps.sh steps     # the measurements, into $OUT (SIZES=32768 WINDOW=0,8192)
 set -euo pipefail
 W=/tmp/spbench-eval
 source docs/bench/h200-common.sh
 export PYTHONPATH=$PWD/orchestrator
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
+vulkan_loader
 case "$1" in
 build)
-    rm -rf "$W/src" "$W/build" "$W/vk-trixie" && unpack_tree "$W/src"
-    mkdir -p "$W/workdir" && tar -xJf .carry/tc-trixie.tar.xz -C "$W/workdir"
-    read -r -a TC <<< "$(toolchain_defines "$W")"
-    cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure-cuda.log" 2>&1
-    cmake -S "$W/src" -B "$W/vk-trixie" "${VK[@]}" "${TC[@]}" > "$W/configure-vk-trixie.log" 2>&1
+    if [ ! -f "$W/configured" ]; then  # configured once a machine: a second `build` resumes a cut one
+        rm -rf "$W/src" "$W/build" "$W/vk-trixie" && unpack_tree "$W/src"
+        mkdir -p "$W/workdir" && tar -xJf .carry/tc-trixie.tar.xz -C "$W/workdir"
+        read -r -a TC <<< "$(toolchain_defines "$W")"
+        cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure-cuda.log" 2>&1
+        cmake -S "$W/src" -B "$W/vk-trixie" "${VK[@]}" "${TC[@]}" > "$W/configure-vk-trixie.log" 2>&1
+        touch "$W/configured"
+    fi
     grep -h "supported by glslc" "$W/configure-vk-trixie.log" || true
     T=(--target llama-server llama-specprefill llama-bench)
     cmake --build "$W/build" "${T[@]}" -j 10 > "$W/build-cuda.log" 2>&1 &
-    cmake --build "$W/vk-trixie" --target llama-specprefill llama-bench -j 8 > "$W/build-vk-trixie.log" 2>&1 &
+    cmake --build "$W/vk-trixie" "${T[@]}" -j 8 > "$W/build-vk-trixie.log" 2>&1 &
     wait
-    ls -la "$W"/build/bin/llama-specprefill "$W"/vk-trixie/bin/llama-specprefill
+    ls -la "$W"/build/bin/llama-s* "$W"/vk-trixie/bin/llama-s*
     "$W/vk-trixie/bin/llama-bench" --list-devices 2>&1 | grep -i -E "vulkan|matrix" | head -4
     ;;
 models)
