@@ -828,6 +828,11 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
+    // where the prefill's time goes, for the debug log: in llama_decode (building, queueing, or waiting for the
+    // device when its queue is full) against waiting for the device at the end
+    int32_t n_decodes = 0;
+    int64_t t_decode_us = 0;
+    int64_t t_decode_max_us = 0;
     auto flush = [&](bool query = false) -> bool {
         if (batch.n_tokens == 0) {
             return true;
@@ -837,7 +842,13 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             error = "cancelled";
             return false;
         }
+        const int64_t t_decode = ggml_time_us();
         const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
+        if (!query) {
+            n_decodes++;
+            t_decode_us += ggml_time_us() - t_decode;
+            t_decode_max_us = std::max(t_decode_max_us, ggml_time_us() - t_decode);
+        }
         batch.n_tokens = 0;
         if (ret != 0) {
             error = string_format("draft decode failed (%d)", ret);
@@ -859,8 +870,12 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         }
     }
     ok = ok && flush();
+    const int64_t t_sync = ggml_time_us();
     llama_synchronize(ctx);
     res.t_draft_prefill_ms += (ggml_time_us() - t_prefill) / 1000.0;
+    LOG_DBG("%s: draft prefill of %d windows: %.1f ms, of which %d llama_decode calls %.1f ms (longest %.1f ms), "
+            "the final wait for the device %.1f ms\n", __func__, n_seq, (ggml_time_us() - t_prefill) / 1000.0,
+            n_decodes, t_decode_us / 1000.0, t_decode_max_us / 1000.0, (ggml_time_us() - t_sync) / 1000.0);
 
     // each sequence's attention KV holds positions [0, len - 1), all of them (hybrid memory reports the recurrent
     // state's single position as its range, so look at the attention positions themselves)
