@@ -287,6 +287,7 @@ struct server_spec_prefill {
     std::condition_variable cv_done; // a job ended
     std::deque<std::shared_ptr<server_spec_prefill_job>> queue;
     uint64_t n_done = 0;
+    uint64_t n_done_waited = 0; // n_done when server_spec_prefill_wait last returned
     bool stop = false;
 
     // throughputs the server measured itself, in tokens per ms (0: not yet known); loop thread only
@@ -326,9 +327,12 @@ void server_spec_prefill_wait(server_spec_prefill * sp, int32_t timeout_ms) {
     if (!sp) {
         return;
     }
+    // against the count at the last return, not at this call: a scoring that ended between the caller's look at its
+    // slots and this call must not leave the loop asleep for the whole timeout
     std::unique_lock<std::mutex> lock(sp->mutex);
-    const uint64_t n_done = sp->n_done;
-    sp->cv_done.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return sp->n_done != n_done || sp->stop; });
+    sp->cv_done.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+            [&] { return sp->n_done != sp->n_done_waited || sp->stop; });
+    sp->n_done_waited = sp->n_done;
 }
 
 static std::string spec_prefill_devices_str(const std::vector<ggml_backend_dev_t> & devices) {
