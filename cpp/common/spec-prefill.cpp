@@ -22,7 +22,7 @@ static constexpr int32_t SPEC_PREFILL_N_SINK = 4;
 static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
 // a context prepared for full-prompt scoring also has room for a request's windows of this size in one round
 // (docs/benchmarks.md: 8K windows are the fastest at 128K): every window adds a sink, the question and the lookahead,
-// on llama.cpp's 256-cell grid, about 6% more cells (16 windows of 8,704 cells for a 128K slot instead of 15)
+// on llama.cpp's 256-cell grid, about 6% more cells (a 128K slot's 17 windows side by side instead of 16)
 static constexpr int32_t SPEC_PREFILL_WINDOW_PREPARED = 8192;
 
 // the scoring graph's groups of layers: 64 MiB of weights is every layer of a 1.5B draft at 32K cells, a third of
@@ -753,9 +753,9 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
     int32_t n_cells = plan.n_cells;
     if (req.window <= 0 && plan.windows.size() == 1) {
         // scored in full by default: room beside it for windows of SPEC_PREFILL_WINDOW_PREPARED side by side, where
-        // --spec-prefill-ctx allows all of them (fewer would save no round)
-        // the most cells any shorter prompt's windows take: the slot's prompt, or the longest one whose windows are
-        // all full-sized (one window fewer, each longer)
+        // --spec-prefill-ctx allows all of them (fewer would save no round). The most cells a prompt's windows take
+        // is the slot's prompt's, or that of the longest prompt whose windows are all full-sized (one window fewer,
+        // each longer)
         req.window = SPEC_PREFILL_WINDOW_PREPARED;
         int64_t n_cells_w = 0;
         for (const int32_t n : { n_prompt, n_prompt / req.window * req.window }) {
@@ -845,9 +845,10 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         const int64_t t_decode = ggml_time_us();
         const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
         if (!query) {
+            const int64_t t = ggml_time_us() - t_decode;
             n_decodes++;
-            t_decode_us += ggml_time_us() - t_decode;
-            t_decode_max_us = std::max(t_decode_max_us, ggml_time_us() - t_decode);
+            t_decode_us    += t;
+            t_decode_max_us = std::max(t_decode_max_us, t);
         }
         batch.n_tokens = 0;
         if (ret != 0) {

@@ -88,12 +88,12 @@ void common_spec_prefill_free(struct common_spec_prefill * sp);
 std::string common_spec_prefill_devices(const struct common_spec_prefill * sp);
 
 // Create, ahead of time, the draft context for prompts of up to n_prompt tokens, and keep its KV cells: later prompts
-// are planned to fit them. Prepared for full-prompt scoring, it also has room, where n_ctx allows, for such a prompt
-// in windows of 8192 tokens side by side (about 6% more cells). Later prompts are planned to fit them (windows, sequences side by side) instead of growing them, so its memory stays what it is
-// now. A request whose windows would take far more rounds than needed is scored in the same cells reshaped into more,
-// shorter sequences (t_setup_ms says what that cost); a later request that needs the long sequence gets it back.
-// Without this call common_spec_prefill_run sizes the context for each prompt. Returns false and logs if it cannot be
-// created.
+// are planned to fit them (windows, sequences side by side) instead of growing them, so its memory stays what it is
+// now. Prepared for full-prompt scoring, it also has room, where n_ctx allows, for such a prompt in windows of 8192
+// tokens side by side (about 6% more cells). A request whose windows would take far more rounds than needed is
+// scored in the same cells reshaped into more, shorter sequences (t_setup_ms says what that cost); a later request
+// that needs the long sequence gets it back. Without this call common_spec_prefill_run sizes the context for each
+// prompt. Returns false and logs if it cannot be created.
 bool common_spec_prefill_prepare(struct common_spec_prefill * sp, int32_t n_prompt);
 
 // the draft's memory, for startup logs, in bytes: its weights, and its context's KV cache and compute buffers
