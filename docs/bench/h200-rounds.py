@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "orchestrator"))
-from spbuild.bench import make_prompt, stream_ttft  # noqa: E402
-from spbuild.server import ServerProcess  # noqa: E402
+from spbuild.bench import ServerLeg, make_prompt, stream_ttft  # noqa: E402
 
 W = Path("/tmp/spbench-eval")
 N = 131072
@@ -22,16 +21,16 @@ prompt = make_prompt(N)
 rows = []
 for spec in sys.argv[2:]:
     name, args = spec.split("=", 1)
-    argv = ["-m", str(W / "target.gguf"), "-mpd", str(W / "draft.gguf"), "--spec-prefill", "-c", str(N + 512),
-            "--spec-prefill-ctx", str(2 * N + 1024), "-np", "1", "-ngl", "99", "-nglpd", "99", "-fa", "on",
-            "-b", "4096", "-ub", "1024", *args.split()]
-    server = ServerProcess(W / "build" / "bin" / "llama-server", argv, log=out / f"{name}.log")
+    # the bench's server (its context and draft-context cap); a setting's flags follow the bench's own, so they win
+    leg = ServerLeg(W / "build" / "bin", W / "target.gguf", W / "draft.gguf", N,
+                    ["-ngl", "99", "-fa", "on", "-b", "4096", "-ub", "1024", *args.split()], ["-nglpd", "99"],
+                    out / f"{name}.log")
+    server = leg.server
     try:
-        server.wait_ready(900)
         runs = [stream_ttft(server, prompt, {"p": 0.1, "window": 8192, "return_kept": False}) for _ in range(4)][1:]
         full = stream_ttft(server, prompt, {"enabled": False})[0] if name in os.environ.get("FULL", "").split(",") else None
     finally:
-        server.stop()
+        leg.close()
     sp = [t["spec_prefill"] for _, t in runs]
     med = lambda k: statistics.median(s[k] for s in sp)  # noqa: E731
     row = {"name": name, "args": args, "ttft_ms": statistics.median(t for t, _ in runs),
