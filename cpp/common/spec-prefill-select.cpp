@@ -349,6 +349,40 @@ std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_
     return bounds;
 }
 
+// each run of kept tokens that starts or ends inside a line grows to that line's start or end, where at most
+// `limit` tokens are missing, so a fact's line cut by a chunk edge keeps its first or last words (the runs are those
+// of the selection before any growth)
+static void spec_prefill_complete_lines(std::vector<char> & keep, const uint8_t * line_ends, int32_t limit) {
+    const int32_t n = (int32_t) keep.size();
+    const std::vector<char> chosen = keep;
+    for (int32_t i0 = 0; i0 < n; ) {
+        if (!chosen[i0]) {
+            ++i0;
+            continue;
+        }
+        int32_t i1 = i0;
+        while (i1 < n && chosen[i1]) {
+            ++i1;
+        }
+        // [i0, i1) is a run; its line's start is the first token after a line end
+        int32_t s = i0;
+        while (s > 0 && !line_ends[s - 1] && i0 - s < limit) {
+            --s;
+        }
+        if (s == 0 || line_ends[s - 1]) {
+            std::fill(keep.begin() + s, keep.begin() + i0, 1);
+        }
+        int32_t e = i1;
+        while (e < n && !line_ends[e - 1] && e - i1 < limit) {
+            ++e;
+        }
+        if (line_ends[e - 1]) {
+            std::fill(keep.begin() + i1, keep.begin() + e, 1);
+        }
+        i0 = i1;
+    }
+}
+
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
@@ -452,6 +486,15 @@ std::vector<int32_t> common_spec_prefill_select(
                 take(candidates[k]);
                 n_taken++;
             }
+        }
+    }
+
+    if (params.complete_lines && line_ends) {
+        std::vector<char> grown = keep;
+        spec_prefill_complete_lines(grown, line_ends, chunk / 2);
+        // under max_keep, whole lines only where they all fit
+        if (params.max_keep <= 0 || std::count(grown.begin(), grown.end(), 1) <= params.max_keep) {
+            keep = std::move(grown);
         }
     }
 

@@ -110,7 +110,7 @@ std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t
 std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_size, const uint8_t * line_ends);
 
 // the sorted prompt positions to prefill; every position when the selection keeps everything. line_ends (may be
-// null): which tokens end a line, for params.chunk_lines
+// null): which tokens end a line, for params.chunk_lines and params.complete_lines
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,

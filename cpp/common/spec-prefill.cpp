@@ -858,16 +858,26 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         return true;
     };
 
-    // 1. every window but its last token, with flash attention, no outputs
+    // 1. every window but its last token, with flash attention, no outputs. A window of a ubatch or more has batches
+    // of its own: with one KV stream per window, a batch across two windows is split into ubatches of equal parts of
+    // each, and the longer one's rest into a short ubatch; shorter windows share batches, or their ubatches would be
+    // short
     const int64_t t_prefill = ggml_time_us();
     bool ok = true;
     for (int32_t s = 0; s < n_seq && ok; ++s) {
         const auto & toks = round[s]->tokens;
+        const bool own_batches = (int32_t) toks.size() > sp->n_ubatch;
+        if (own_batches) {
+            ok = flush();
+        }
         for (int32_t p = 0; p + 1 < (int32_t) toks.size() && ok; ++p) {
             spec_prefill_batch_add(batch, toks[p], p, s, false);
             if (batch.n_tokens == sp->n_batch) {
                 ok = flush();
             }
+        }
+        if (own_batches) {
+            ok = ok && flush();
         }
     }
     ok = ok && flush();
@@ -1075,7 +1085,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         select.keep_first = 0;
     }
     std::vector<uint8_t> line_ends;
-    if (select.chunk_lines) {
+    if (select.chunk_lines || select.complete_lines) {
         line_ends = spec_prefill_line_ends(sp, prompt, res.n_past);
     }
     auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select,

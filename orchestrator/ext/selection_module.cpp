@@ -108,21 +108,25 @@ NB_MODULE(_selection, m) {
        "The chunks' bounds: chunk c is [bounds[c], bounds[c + 1]).");
 
     m.def("select", [](f32_array scores, const std::string & mode, float keep, float mass, int32_t chunk_size,
-                       int32_t keep_first, int32_t keep_last, std::optional<std::vector<uint8_t>> line_ends) {
+                       int32_t keep_first, int32_t keep_last, std::optional<std::vector<uint8_t>> line_ends,
+                       bool chunk_lines, bool complete_lines) {
         if (scores.ndim() != 1) {
             throw std::invalid_argument("select: scores must be 1-D");
         }
         if (line_ends && line_ends->size() != scores.shape(0)) {
             throw std::invalid_argument("select: need one line_ends flag per score");
         }
-        const auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
+        auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
         if (const char * problem = common_spec_prefill_select_params_check(params)) {
             throw std::invalid_argument(problem);
         }
+        params.chunk_lines    = chunk_lines;
+        params.complete_lines = complete_lines;
         return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params,
                 line_ends ? line_ends->data() : nullptr);
     }, nb::arg("scores"), nb::arg("mode") = "keep", nb::arg("keep") = 0.3f, nb::arg("mass") = 0.85f,
        nb::arg("chunk_size") = 32, nb::arg("keep_first") = 4, nb::arg("keep_last") = 64,
-       nb::arg("line_ends") = nb::none(),
-       "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines.");
+       nb::arg("line_ends") = nb::none(), nb::arg("chunk_lines") = true, nb::arg("complete_lines") = false,
+       "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines "
+       "(chunk_lines) and kept runs grow to whole lines (complete_lines).");
 }

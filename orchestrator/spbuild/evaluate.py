@@ -31,8 +31,10 @@ TIMEOUT_S = 3600
 
 # the selection's shape a setting may change per request: the server's field and the tool's flag
 SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
+                    "complete_lines": "--spec-prefill-complete-lines",
                     "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last"}
-SWITCH_FIELDS = {"chunk_lines"}  # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
+# on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
+SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 
 
 @dataclass(frozen=True)

@@ -151,9 +151,10 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
     line_ends = {i for i, p in enumerate(pieces) if p.endswith("\n")}
     line_ends |= {i - 1 for i, p in enumerate(pieces) if p.startswith("\n") and i > 0}
 
-    def ranges(chunk_lines: bool) -> list[list[int]]:
+    def ranges(chunk_lines: bool, complete_lines: bool = False) -> list[list[int]]:
         sp = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={
-            "return_kept": True, "chunk_lines": chunk_lines, "keep_first": 0, "keep_last": 1}))
+            "return_kept": True, "chunk_lines": chunk_lines, "complete_lines": complete_lines, "keep_first": 0,
+            "keep_last": 1}))
         assert sp["status"] == "active", sp
         return sp["kept"][:-1]  # the last range holds the tail, cut by count
 
@@ -162,8 +163,21 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
 
     along = ranges(True)
     assert len(along) >= 10 and all(whole_lines(b, e) for b, e in along), along
-    assert not all(whole_lines(b, e) for b, e in ranges(False))
-    assert spec_server.request("GET", "/props").json()["spec_prefill"]["chunk_lines"] in (True, False)
+    fixed = ranges(False)
+    assert not all(whole_lines(b, e) for b, e in fixed)
+    props = spec_server.request("GET", "/props").json()["spec_prefill"]
+    assert props["chunk_lines"] in (True, False) and props["complete_lines"] in (True, False)
+
+    # complete_lines: the fixed chunks' selection, each kept run grown to its line's start and end where at most half
+    # a chunk (16 tokens) is missing
+    completed = ranges(False, complete_lines=True)
+    covered = lambda rs: {i for b, e in rs for i in range(b, e)}  # noqa: E731
+    assert covered(fixed) < covered(completed)
+    for b, e in completed:
+        start = max([j + 1 for j in line_ends if j < b] + [0])
+        end = min([j + 1 for j in line_ends if j >= e - 1] + [len(pieces)])
+        assert start == b or b - start > 16, (b, e, start)
+        assert end == e or end - e > 16, (b, e, end)
 
 
 @pytest.mark.parametrize("fields, name", [

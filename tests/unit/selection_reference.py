@@ -156,8 +156,34 @@ def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int, 
     return sorted(candidates, key=lambda c: (-mean[c], c))
 
 
+def complete_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int]:
+    """Each run of kept tokens grows back to its line's start and on to its line's end, where at most limit tokens
+    are missing; the runs are those of the selection before any growth."""
+    line_start = lambda i: i == 0 or line_ends[i - 1]  # noqa: E731
+    grown = set(kept)
+    runs, i = [], 0
+    while i < n:
+        if i in kept:
+            j = i
+            while j < n and j in kept:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    for a, b in runs:
+        starts = [s for s in range(a - limit, a + 1) if s >= 0 and line_start(s)]
+        if starts:
+            grown.update(range(max(starts), a))
+        ends = [e for e in range(b, min(n, b + limit) + 1) if line_ends[e - 1]]
+        if ends:
+            grown.update(range(b, min(ends)))
+    return grown
+
+
 def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, chunk_size: int = 32,
-           keep_first: int = 4, keep_last: int = 64, line_ends=None) -> list[int]:
+           keep_first: int = 4, keep_last: int = 64, line_ends=None, chunk_lines: bool = True,
+           complete: bool = False) -> list[int]:
     problem = check_params(mode, keep, mass, chunk_size, keep_first, keep_last)
     if problem is not None:
         raise ValueError(problem)
@@ -165,9 +191,10 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
     n = len(s)
     if n == 0:
         return []
-    chunks = chunk_ranges(n, chunk_size, line_ends)
+    cut_at_lines = line_ends if chunk_lines else None
+    chunks = chunk_ranges(n, chunk_size, cut_at_lines)
     kept = forced_positions(n, chunk_size, keep_first, keep_last)
-    order = ranked_candidates(scores, chunk_size, keep_first, keep_last, line_ends)
+    order = ranked_candidates(scores, chunk_size, keep_first, keep_last, cut_at_lines)
 
     if mode == "keep":
         for c in order[:keep_count(keep, len(chunks), len(order))]:
@@ -183,4 +210,6 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
                 if i not in kept:
                     held += s[i]
             kept.update(chunks[c])
+    if complete and line_ends is not None:
+        kept = complete_lines(kept, n, line_ends, max(1, chunk_size) // 2)
     return sorted(kept)

@@ -197,6 +197,9 @@ def test_variants_change_the_selection_shape_by_request_and_by_flag():
     assert lines.request()["chunk_lines"] is True and "--spec-prefill-chunk-lines" in lines.tool_args()
     (no_lines,) = evaluate.settings_grid([0.2], [0], (), evaluate.variants("chunk_lines=0"))[1:]
     assert no_lines.request()["chunk_lines"] is False and "--no-spec-prefill-chunk-lines" in no_lines.tool_args()
+    (complete,) = evaluate.settings_grid([0.2], [0], (), evaluate.variants("chunk_lines=0,complete_lines=1"))[1:]
+    assert complete.request()["complete_lines"] is True and complete.request()["chunk_lines"] is False
+    assert "--spec-prefill-complete-lines" in complete.tool_args()
     for bad in ("chunk=64", "keep_last=-1", "keep_last=many", "keep_last", "chunk_lines=2"):
         with pytest.raises(SpbuildError, match="--vary"):
             evaluate.variants(bad)

@@ -286,6 +286,44 @@ def test_select_along_lines_matches_reference(data, p, mode):
 
 
 @FAST
+@given(scores_with_line_ends(), select_params(), st.sampled_from(["keep", "mass"]), st.booleans())
+def test_complete_lines_matches_reference(data, p, mode, chunk_lines):
+    scores, line_ends = data
+    got = list(sel.select(np.ascontiguousarray(scores, dtype=np.float32), mode, p["keep"], p["mass"],
+                          p["chunk_size"], p["keep_first"], p["keep_last"], line_ends, chunk_lines=chunk_lines,
+                          complete_lines=True))
+    assert got == ref.select(scores, mode, **p, line_ends=line_ends, chunk_lines=chunk_lines, complete=True)
+    # completion only adds tokens to the selection it starts from
+    plain = sel.select(np.ascontiguousarray(scores, dtype=np.float32), mode, p["keep"], p["mass"], p["chunk_size"],
+                       p["keep_first"], p["keep_last"], line_ends, chunk_lines=chunk_lines)
+    assert set(plain) <= set(got)
+
+
+def test_complete_lines_keeps_a_cut_line_whole_and_ranks_as_fixed_chunks():
+    """The quality bar's lost multi-key answer: the fact's line (tokens 60-75) crosses the fixed cut at 64, and the
+    chunk before the cut ranks low. Fixed chunks keep 64-75 only; completing lines adds 60-63 (the line's start, 4
+    tokens, within half a chunk) and nothing else of that chunk; a line start or end farther than half a chunk away is
+    not reached."""
+    n, chunk = 256, 32
+    line_ends = [0] * n
+    for end in (19, 41, 59, 75, 101, 130, 160, 190, 220):
+        line_ends[end] = 1
+    scores = np.full(n, 0.01, np.float32)
+    scores[62:76] = 1.0
+    fixed = set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0, line_ends, chunk_lines=False))
+    complete = set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0, line_ends, chunk_lines=False,
+                              complete_lines=True))
+    assert set(range(64, 96)) <= fixed and 63 not in fixed
+    # the run 64-95 grows back to its line's start (60) and on to its line's end (101); the always-kept last chunk
+    # (224-255) grows back to its line's start (221)
+    assert complete - fixed == set(range(60, 64)) | set(range(96, 102)) | set(range(221, 224))
+    far = [0] * n
+    far[59] = far[150] = far[200] = 1  # the line ends after each run are 55 and 25 tokens away: out of reach
+    assert set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0, far, chunk_lines=False,
+                          complete_lines=True)) - fixed == set(range(60, 64))
+
+
+@FAST
 @given(scores_with_line_ends(), st.integers(0, 48))
 def test_chunks_along_lines(data, chunk_size):
     scores, line_ends = data

@@ -48,6 +48,7 @@ json server_spec_prefill_params::to_json() const {
         {"max_keep",   select.max_keep},
         {"chunk_size", select.chunk_size},
         {"chunk_lines", select.chunk_lines},
+        {"complete_lines", select.complete_lines},
         {"keep_first", select.keep_first},
         {"keep_last",  select.keep_last},
     };
@@ -121,13 +122,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
             static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep",
-                "chunk_size", "chunk_lines", "keep_first", "keep_last", "return_kept" };
+                "chunk_size", "chunk_lines", "complete_lines", "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find_if(std::begin(known), std::end(known),
                         [&](const char * k) { return item.key() == k; }) == std::end(known)) {
                     spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
-                            "mass, min_tokens, window, max_keep, chunk_size, chunk_lines, keep_first, keep_last, "
-                            "return_kept)");
+                            "mass, min_tokens, window, max_keep, chunk_size, chunk_lines, complete_lines, keep_first, "
+                            "keep_last, return_kept)");
                 }
             }
             if (spec_prefill_has(obj, "enabled")) {
@@ -163,14 +164,18 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
             }
-            // the selection's shape, as --spec-prefill-chunk, --spec-prefill-chunk-lines, --spec-prefill-keep-first
-            // and --spec-prefill-keep-last
+            // the selection's shape, as --spec-prefill-chunk, --spec-prefill-chunk-lines,
+            // --spec-prefill-complete-lines, --spec-prefill-keep-first and --spec-prefill-keep-last
             if (spec_prefill_has(obj, "chunk_size")) {
                 params.select.chunk_size =
                     spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0, 65536);
             }
             if (spec_prefill_has(obj, "chunk_lines")) {
                 params.select.chunk_lines = spec_prefill_get_bool(obj, "chunk_lines", "spec_prefill.chunk_lines");
+            }
+            if (spec_prefill_has(obj, "complete_lines")) {
+                params.select.complete_lines =
+                    spec_prefill_get_bool(obj, "complete_lines", "spec_prefill.complete_lines");
             }
             if (spec_prefill_has(obj, "keep_first")) {
                 params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first", 0);
@@ -422,6 +427,7 @@ json server_spec_prefill_props(const common_params & params) {
         {"mass",        spp.select.mass},
         {"chunk",       spp.select.chunk_size},
         {"chunk_lines", spp.select.chunk_lines},
+        {"complete_lines", spp.select.complete_lines},
         {"keep_first",  spp.select.keep_first},
         {"keep_last",   spp.select.keep_last},
         {"max_keep",    spp.select.max_keep},
