@@ -18,11 +18,11 @@ struct common_spec_prefill_select_params {
                                 // answer in 90% of cases on Gemma 3 270M at 8K-16K (docs/quality.md)
     float   mass       = 0.85f; // mass mode: share of the score mass, in (0, 1]
     int32_t chunk_size = 32;    // tokens per chunk; 0 or 1 selects single tokens
-    bool    chunk_lines = true; // chunks end at line ends near their size (common_spec_prefill_chunks): at p = 0.6
-                                // on Gemma 3 270M it kept every evidence line and answer of the quality bar
-    bool    complete_lines = false; // each run of kept tokens that starts or ends inside a line grows to the line's
-                                    // start or end, where at most half a chunk is missing (the ranking stays the
-                                    // chunks')
+    bool    chunk_lines = false; // chunks end at line ends near their size (common_spec_prefill_chunks); it
+                                 // changes the ranking, and cost answers at 8K-16K on Gemma 3 270M (docs/quality.md)
+    bool    complete_lines = true; // each run of kept tokens that starts or ends inside a line grows to the line's
+                                   // start or end, where at most half a chunk is missing (the ranking stays the
+                                   // chunks'): a fact line cut by a chunk edge is kept whole
     int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
     int32_t keep_last  = 64;    // always kept: the last tokens, at least one chunk (template closers, the question)
     int32_t max_keep   = 0;     // > 0: keep at most this many tokens (the always-kept ones even beyond it), taking

@@ -4,9 +4,9 @@ depths, the three fillers in turn), scored over the whole prompt and in windows.
 
 The issue's aim, and the marks: where the full prefill answers right, spec prefill answers right too in at least 90%
 of cases; windowed scoring within 5 points of full-prompt scoring; every evidence line kept in at least 95%. The
-defaults reach it on these cases since chunks follow lines (7 of 7 right answers and 12 of 12 evidence sets in both
-modes; with fixed chunks 6 of 7 and 11 of 12: docs/quality.md), so a change that loses one answer or evidence set
-fails. Agreement with the full prefill is not a mark: on this model the answers the
+defaults reach it on these cases since kept runs are completed to whole lines (7 of 7 right answers and 12 of 12
+evidence sets in both modes; with fixed chunks alone 6 of 7 and 11 of 12: docs/quality.md), so a change that loses one
+answer or evidence set fails. Agreement with the full prefill is not a mark: on this model the answers the
 full prefill gets wrong move with any change to the prompt (of 12 cases of all six kinds it answered 5 right, and
 every answer that changed at p=0.3-0.8 was one of the other 7). The kinds are the four it answers: it cannot sum
 (distributed) or follow a chain of four variables (vartrack)."""
