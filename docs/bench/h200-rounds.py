@@ -2,7 +2,7 @@
 only (the full-prefill baseline is the bench's): where the draft's prefill time goes when the windows are scored in
 one round or in two, and with larger ubatches. Run on the H200 after h200-bench-eval.sh's build and models:
     python3 docs/bench/h200-rounds.py OUT_DIR 'NAME=ARGS' ...   e.g.  'two-rounds=--spec-prefill-ctx 131840'
-Each setting: its own server, 1 warm-up and 3 measured requests (p=0.1, window 8192); with FULL=1 also one
+Each setting: its own server, 1 warm-up and REPEAT (3) measured requests (p=0.1, window 8192); with FULL also one
 full-prefill request for the settings FULL names (comma-separated: those that change the target's prefill too)."""
 import json
 import os
@@ -27,7 +27,8 @@ for spec in sys.argv[2:]:
                     out / f"{name}.log")
     server = leg.server
     try:
-        runs = [stream_ttft(server, prompt, {"p": 0.1, "window": 8192, "return_kept": False}) for _ in range(4)][1:]
+        runs = [stream_ttft(server, prompt, {"p": 0.1, "window": 8192, "return_kept": False})
+                for _ in range(1 + int(os.environ.get("REPEAT", "3")))][1:]
         full = stream_ttft(server, prompt, {"enabled": False})[0] if name in os.environ.get("FULL", "").split(",") else None
     finally:
         leg.close()
