@@ -349,12 +349,12 @@ std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_
     return bounds;
 }
 
-// each run of kept tokens that starts or ends inside a line grows to that line's start or end, where at most
-// `limit` tokens are missing, so a fact's line cut by a chunk edge keeps its first or last words (the runs are those
-// of the selection before any growth)
-static void spec_prefill_complete_lines(std::vector<char> & keep, const uint8_t * line_ends, int32_t limit) {
-    const int32_t n = (int32_t) keep.size();
-    const std::vector<char> chosen = keep;
+// the selection `chosen` with each run of kept tokens that starts or ends inside a line grown to that line's start or
+// end, where at most `limit` tokens are missing, so a fact's line cut by a chunk edge keeps its first or last words
+static std::vector<char> spec_prefill_complete_lines(const std::vector<char> & chosen, const uint8_t * line_ends,
+        int32_t limit) {
+    const int32_t n = (int32_t) chosen.size();
+    std::vector<char> keep = chosen;
     for (int32_t i0 = 0; i0 < n; ) {
         if (!chosen[i0]) {
             ++i0;
@@ -381,6 +381,7 @@ static void spec_prefill_complete_lines(std::vector<char> & keep, const uint8_t 
         }
         i0 = i1;
     }
+    return keep;
 }
 
 std::vector<int32_t> common_spec_prefill_select(
@@ -490,8 +491,7 @@ std::vector<int32_t> common_spec_prefill_select(
     }
 
     if (params.complete_lines && line_ends) {
-        std::vector<char> grown = keep;
-        spec_prefill_complete_lines(grown, line_ends, chunk / 2);
+        std::vector<char> grown = spec_prefill_complete_lines(keep, line_ends, chunk / 2);
         // under max_keep, whole lines only where they all fit
         if (params.max_keep <= 0 || std::count(grown.begin(), grown.end(), 1) <= params.max_keep) {
             keep = std::move(grown);

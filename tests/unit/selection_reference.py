@@ -156,7 +156,7 @@ def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int, 
     return sorted(candidates, key=lambda c: (-mean[c], c))
 
 
-def complete_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int]:
+def grow_runs_to_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int]:
     """Each run of kept tokens grows back to its line's start and on to its line's end, where at most limit tokens
     are missing; the runs are those of the selection before any growth."""
     line_start = lambda i: i == 0 or line_ends[i - 1]  # noqa: E731
@@ -183,7 +183,7 @@ def complete_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int]:
 
 def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, chunk_size: int = 32,
            keep_first: int = 4, keep_last: int = 64, line_ends=None, chunk_lines: bool = True,
-           complete: bool = False) -> list[int]:
+           complete_lines: bool = False) -> list[int]:
     problem = check_params(mode, keep, mass, chunk_size, keep_first, keep_last)
     if problem is not None:
         raise ValueError(problem)
@@ -210,6 +210,6 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
                 if i not in kept:
                     held += s[i]
             kept.update(chunks[c])
-    if complete and line_ends is not None:
-        kept = complete_lines(kept, n, line_ends, max(1, chunk_size) // 2)
+    if complete_lines and line_ends is not None:
+        kept = grow_runs_to_lines(kept, n, line_ends, max(1, chunk_size) // 2)
     return sorted(kept)

@@ -292,7 +292,8 @@ def test_complete_lines_matches_reference(data, p, mode, chunk_lines):
     got = list(sel.select(np.ascontiguousarray(scores, dtype=np.float32), mode, p["keep"], p["mass"],
                           p["chunk_size"], p["keep_first"], p["keep_last"], line_ends, chunk_lines=chunk_lines,
                           complete_lines=True))
-    assert got == ref.select(scores, mode, **p, line_ends=line_ends, chunk_lines=chunk_lines, complete=True)
+    assert got == ref.select(scores, mode, **p, line_ends=line_ends, chunk_lines=chunk_lines,
+                                complete_lines=True)
     # completion only adds tokens to the selection it starts from
     plain = sel.select(np.ascontiguousarray(scores, dtype=np.float32), mode, p["keep"], p["mass"], p["chunk_size"],
                        p["keep_first"], p["keep_last"], line_ends, chunk_lines=chunk_lines)
@@ -318,7 +319,7 @@ def test_complete_lines_keeps_a_cut_line_whole_and_ranks_as_fixed_chunks():
     # (224-255) grows back to its line's start (221)
     assert complete - fixed == set(range(60, 64)) | set(range(96, 102)) | set(range(221, 224))
     far = [0] * n
-    far[59] = far[150] = far[200] = 1  # the line ends after each run are 55 and 25 tokens away: out of reach
+    far[59] = far[150] = far[200] = 1  # 64-95's next line end is 55 tokens on, the tail's line start 23 back: too far
     assert set(sel.select(scores, "keep", 0.125, 0.85, chunk, 0, 0, far, chunk_lines=False,
                           complete_lines=True)) - fixed == set(range(60, 64))
 
