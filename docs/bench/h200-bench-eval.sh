@@ -10,7 +10,8 @@
 #   bash docs/bench/h200-bench-eval.sh gemma DIR        # append DIR's part(s) of Gemma; says when the sha256 matches
 #   bash docs/bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
 #                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
-#                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan)
+#                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan;
+#                                                       # EXTRA_SERVER_ARGS appended to the server's arguments)
 #   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # Gemma 3 270M quality into $OUT/NAME; ARGS go to
 #                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
@@ -41,6 +42,7 @@ bench)
     if [ "${BUILD:-build}" != build ]; then vulkan_loader; fi
     python3 -m spbuild.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
         --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/$name" \
+        --server-args "-ngl 99 -fa on -b 4096 -ub 1024 ${EXTRA_SERVER_ARGS:-}" \
         > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; exit 1; }
     cp "$OUT/$name/results.md" "$OUT/$name.md"  # files under $OUT itself come back for sure
     cp "$OUT/$name/results.json" "$OUT/$name.json"
