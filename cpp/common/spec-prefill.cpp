@@ -801,6 +801,7 @@ common_spec_prefill_request common_spec_prefill_default_request(const common_spe
     req.select     = sp->params.select;
     req.min_tokens = sp->params.min_tokens;
     req.window     = sp->params.window;
+    req.lookahead  = sp->params.lookahead;
     return req;
 }
 
@@ -810,11 +811,10 @@ common_spec_prefill_request common_spec_prefill_default_request(const common_spe
 
 // score one round of windows, side by side as the sequences of one batch; writes their scores into `scores`
 static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector<spec_prefill_window_seq *> & round,
-        common_spec_prefill_result & res, std::string & error) {
+        int32_t n_look, common_spec_prefill_result & res, std::string & error) {
     llama_context * ctx = sp->ctx.get();
     llama_memory_t  mem = llama_get_memory(ctx);
     const int32_t n_seq  = (int32_t) round.size();
-    const int32_t n_look = sp->params.lookahead;
 
     llama_memory_clear(mem, false);
 
@@ -997,6 +997,11 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     if (const char * problem = common_spec_prefill_select_params_check(req.select)) {
         return full(COMMON_SPEC_PREFILL_FAILED, problem);
     }
+    const int32_t n_look = req.lookahead == 0 ? sp->params.lookahead : req.lookahead;
+    if (n_look < 1 || n_look > sp->params.lookahead) {
+        return full(COMMON_SPEC_PREFILL_FAILED, string_format("lookahead %d is outside [1, %d] (the draft context has "
+                "room for --spec-prefill-lookahead %d)", n_look, sp->params.lookahead, sp->params.lookahead));
+    }
     if (const char * dev = spec_prefill_lost_device(sp)) {
         return full(COMMON_SPEC_PREFILL_FAILED, spec_prefill_lost_reason(dev));
     }
@@ -1050,7 +1055,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
             round.push_back(&plan.windows[w]);
         }
-        if (!spec_prefill_score_round(sp, round, res, error)) {
+        if (!spec_prefill_score_round(sp, round, n_look, res, error)) {
             res.scores.clear();
             const bool cancelled = spec_prefill_cancelled(sp);
             sp->cancel = nullptr;

@@ -29,10 +29,11 @@ N_PREDICT = 24
 TIMEOUT_S = 3600
 
 
-# the selection's shape a setting may change per request: the server's field and the tool's flag
+# what a setting may change per request (the selection's shape, the lookahead): the server's field and the tool's flag
 SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
                     "complete_lines": "--spec-prefill-complete-lines",
-                    "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last"}
+                    "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last",
+                    "lookahead": "--spec-prefill-lookahead"}
 # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
 SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 
@@ -100,9 +101,11 @@ def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
             key, _, value = item.partition("=")
             key = key.strip()
             if key not in SELECTION_FIELDS or not value.strip().isdigit() or \
-                    (key in SWITCH_FIELDS and value.strip() not in ("0", "1")):
+                    (key in SWITCH_FIELDS and value.strip() not in ("0", "1")) or \
+                    (key == "lookahead" and int(value) < 1):
                 raise SpbuildError(f"--vary: {item.strip()!r} is not FIELD=N with FIELD one of "
-                                   f"{', '.join(SELECTION_FIELDS)} ({', '.join(SWITCH_FIELDS)}: 0 or 1)")
+                                   f"{', '.join(SELECTION_FIELDS)} ({', '.join(SWITCH_FIELDS)}: 0 or 1; "
+                                   f"lookahead: 1 or more)")
             variant.append((key, int(value)))
         out.append(tuple(variant))
     return out

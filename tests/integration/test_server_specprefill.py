@@ -188,6 +188,8 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
     ({"spec_prefill": {"mass": -1}}, "spec_prefill.mass"),
     ({"spec_prefill": {"min_tokens": -5}}, "spec_prefill.min_tokens"),
     ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
+    ({"spec_prefill": {"lookahead": 0}}, "spec_prefill.lookahead"),
+    ({"spec_prefill": {"lookahead": 9}}, "spec_prefill.lookahead"),  # above the server's --spec-prefill-lookahead 8
     ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
     ({"spec_prefill": {"return_kept": 1}}, "spec_prefill.return_kept"),
     ({"spec_prefill": {"chunk_size": 70000}}, "spec_prefill.chunk_size"),
@@ -206,6 +208,21 @@ def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **fields})
     assert chat.status_code == 400, chat.text
     assert spec_server.request("GET", "/health").status_code == 200
+
+
+def test_a_request_chooses_its_lookahead(spec_server):
+    """The query rows are the prompt's last token and lookahead - 1 draft tokens: a request may ask for fewer than the
+    server's 8 (each is a draft decode), and the response counts the rows it used."""
+    prompt = words(2000, seed=31)
+    default = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"return_kept": True}))
+    one = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"lookahead": 1, "return_kept": True}))
+    assert default["status"] == one["status"] == "active", (default, one)
+    assert default["n_windows"] == one["n_windows"] == 1
+    # the tiny draft's greedy answer does not end at once, so the default uses more than one row
+    assert 1 < default["n_rows"] <= 8, default
+    assert one["n_rows"] == 1, one
+    # the prompt's last token alone scores the prompt otherwise than eight rows do
+    assert one["kept"] != default["kept"]
 
 
 def test_every_endpoint_reports_it(spec_server):

@@ -200,6 +200,10 @@ def test_variants_change_the_selection_shape_by_request_and_by_flag():
     (complete,) = evaluate.settings_grid([0.2], [0], (), evaluate.variants("chunk_lines=0,complete_lines=1"))[1:]
     assert complete.request()["complete_lines"] is True and complete.request()["chunk_lines"] is False
     assert "--spec-prefill-complete-lines" in complete.tool_args()
-    for bad in ("chunk=64", "keep_last=-1", "keep_last=many", "keep_last", "chunk_lines=2"):
+    (look,) = evaluate.settings_grid([0.2], [0], (), evaluate.variants("lookahead=1"))[1:]
+    assert look.request()["lookahead"] == 1 and look.name == "p=0.2 full lookahead=1"
+    args = look.tool_args()
+    assert args[args.index("--spec-prefill-lookahead") + 1] == "1"
+    for bad in ("chunk=64", "keep_last=-1", "keep_last=many", "keep_last", "chunk_lines=2", "lookahead=0"):
         with pytest.raises(SpbuildError, match="--vary"):
             evaluate.variants(bad)

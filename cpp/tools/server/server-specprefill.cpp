@@ -45,6 +45,7 @@ json server_spec_prefill_params::to_json() const {
         {"mass",       select.mass},
         {"min_tokens", min_tokens},
         {"window",     window},
+        {"lookahead",  lookahead},
         {"max_keep",   select.max_keep},
         {"chunk_size", select.chunk_size},
         {"chunk_lines", select.chunk_lines},
@@ -104,6 +105,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     params.select     = spp.select;
     params.min_tokens = spp.min_tokens;
     params.window     = spp.window;
+    params.lookahead  = spp.lookahead;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
     if (spec_prefill_has(data, "specprefill")) {
@@ -121,14 +123,14 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else if (!obj.is_object()) {
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
-            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "max_keep",
-                "chunk_size", "chunk_lines", "complete_lines", "keep_first", "keep_last", "return_kept" };
+            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "lookahead",
+                "max_keep", "chunk_size", "chunk_lines", "complete_lines", "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find_if(std::begin(known), std::end(known),
                         [&](const char * k) { return item.key() == k; }) == std::end(known)) {
                     spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
-                            "mass, min_tokens, window, max_keep, chunk_size, chunk_lines, complete_lines, keep_first, "
-                            "keep_last, return_kept)");
+                            "mass, min_tokens, window, lookahead, max_keep, chunk_size, chunk_lines, complete_lines, "
+                            "keep_first, keep_last, return_kept)");
                 }
             }
             if (spec_prefill_has(obj, "enabled")) {
@@ -160,6 +162,10 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                     spec_prefill_bad_field("spec_prefill.window", "must be 0 (automatic) or >= 256, got " +
                             obj.at("window").dump());
                 }
+            }
+            if (spec_prefill_has(obj, "lookahead")) {
+                // the draft context is prepared with room for the server's lookahead, not more
+                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", 1, spp.lookahead);
             }
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
@@ -218,6 +224,7 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
         {"score_setup_ms",    score_setup_ms},
         {"n_windows",         n_windows},
         {"n_parallel",        n_parallel},
+        {"n_rows",            n_rows},
     };
     if (return_kept) {
         json ranges = json::array();
@@ -595,6 +602,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     job->req.select     = params.select;
     job->req.min_tokens = params.min_tokens;
     job->req.window     = params.window;
+    job->req.lookahead  = params.lookahead;
     job->req.n_past     = n_past;
     job->req.cancel     = &job->cancel;
     job->t_submit_us    = ggml_time_us();
@@ -627,6 +635,7 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     timings.score_ms  = (job->t_end_us - job->t_start_us) / 1000.0;
     timings.n_windows  = res.n_windows;
     timings.n_parallel = res.n_parallel;
+    timings.n_rows     = res.n_rows;
     timings.device    = slot.sp->devices;
 
     timings.score_draft_prefill_ms = res.t_draft_prefill_ms;

@@ -35,6 +35,7 @@ struct server_spec_prefill_params {
     common_spec_prefill_select_params select;
     int32_t min_tokens = 1024;
     int32_t window     = 0;
+    int32_t lookahead  = 8; // at most the server's --spec-prefill-lookahead
 
     bool has_tools   = false; // the request carries tools or a tool-call grammar
     bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
@@ -72,6 +73,7 @@ struct server_spec_prefill_timings {
     int32_t n_reused  = 0; // prompt tokens reused from the slot's KV
     int32_t n_windows = 0; // windows the draft scored
     int32_t n_parallel = 0; // of them, scored side by side as sequences of one batch
+    int32_t n_rows     = 0; // query rows used, over all windows: lookahead each, fewer where the draft ended early
 
     double queue_ms = 0.0; // waiting for the scorer (other requests' scoring)
     double score_ms = 0.0; // the draft's prefill, query steps and selection
