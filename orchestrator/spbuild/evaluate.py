@@ -30,7 +30,7 @@ TIMEOUT_S = 3600
 
 
 # what a setting may change per request (the selection's shape, the lookahead): the server's field and the tool's flag
-SELECTION_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
+VARIANT_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
                     "complete_lines": "--spec-prefill-complete-lines",
                     "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last",
                     "lookahead": "--spec-prefill-lookahead"}
@@ -42,7 +42,7 @@ SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 class Setting:
     """One spec-prefill configuration: keep a fraction p, or the smallest set holding `value` of the score mass; score
     the whole prompt (window 0) or in windows of `window` tokens; `variant` changes the selection's shape (chunk size,
-    always-kept head and tail) from the server's defaults."""
+    always-kept head and tail) or the lookahead from the server's defaults."""
 
     select: str  # keep | mass
     value: float
@@ -69,7 +69,7 @@ class Setting:
     def tool_args(self) -> list[str]:
         args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window)]
         for key, value in self.variant:
-            flag = SELECTION_FIELDS[key]
+            flag = VARIANT_FIELDS[key]
             if key in SWITCH_FIELDS:
                 args.append(flag if value else "--no-" + flag.removeprefix("--"))
             else:
@@ -100,11 +100,11 @@ def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
         for item in part.split(","):
             key, _, value = item.partition("=")
             key = key.strip()
-            if key not in SELECTION_FIELDS or not value.strip().isdigit() or \
+            if key not in VARIANT_FIELDS or not value.strip().isdigit() or \
                     (key in SWITCH_FIELDS and value.strip() not in ("0", "1")) or \
                     (key == "lookahead" and int(value) < 1):
                 raise SpbuildError(f"--vary: {item.strip()!r} is not FIELD=N with FIELD one of "
-                                   f"{', '.join(SELECTION_FIELDS)} ({', '.join(SWITCH_FIELDS)}: 0 or 1; "
+                                   f"{', '.join(VARIANT_FIELDS)} ({', '.join(SWITCH_FIELDS)}: 0 or 1; "
                                    f"lookahead: 1 or more)")
             variant.append((key, int(value)))
         out.append(tuple(variant))
@@ -382,7 +382,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mass", default="", help="also mass-mode settings: score-mass fractions, comma-separated")
     parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
     parser.add_argument("--vary", default="", help="also these selection variants, ';'-separated, each FIELD=N[,...] "
-                        f"with FIELD one of {', '.join(SELECTION_FIELDS)}: every p and window again with it")
+                        f"with FIELD one of {', '.join(VARIANT_FIELDS)}: every p and window again with it")
     parser.add_argument("--out", type=Path, default=Path("eval-out"), help="where results.json/.md and the plots go")
     parser.add_argument("--server-args", default="", help="arguments of the server (or the tool): devices, -ngl, -fa")
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
