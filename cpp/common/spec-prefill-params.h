@@ -25,6 +25,8 @@ struct common_spec_prefill_select_params {
                                    // chunks'): a fact line cut by a chunk edge is kept whole
     int32_t keep_first = 4;     // always kept: the first tokens (BOS, attention sinks)
     int32_t keep_last  = 64;    // always kept: the last tokens, at least one chunk (template closers, the question)
+    int32_t question_lines = 0; // > 0: also keep each line sharing a word with the question (the always-kept
+                                // tail's lines) where that word is in at most this many lines before it
     int32_t max_keep   = 0;     // > 0: keep at most this many tokens (the always-kept ones even beyond it), taking
                                 // the highest-scoring chunks that still fit (for small-memory targets)
 };

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode) {
     switch (mode) {
@@ -320,6 +321,9 @@ const char * common_spec_prefill_select_params_check(const common_spec_prefill_s
     if (params.keep_first < 0 || params.keep_last < 0) {
         return "the always-kept token counts must be >= 0";
     }
+    if (params.question_lines < 0) {
+        return "the question lines' word limit must be >= 0 (0: off)";
+    }
     if (params.max_keep < 0) {
         return "the most kept tokens must be >= 0 (0: no cap)";
     }
@@ -384,11 +388,78 @@ static std::vector<char> spec_prefill_complete_lines(const std::vector<char> & c
     return keep;
 }
 
+std::vector<uint8_t> common_spec_prefill_question_lines(const std::string * pieces, const uint8_t * line_ends,
+        int32_t n_tokens, int32_t n_question, int32_t max_lines) {
+    std::vector<uint8_t> out(std::max(0, n_tokens), 0);
+    if (n_tokens <= 0 || max_lines <= 0 || n_question <= 0) {
+        return out;
+    }
+    // line l is tokens [line_begin[l], line_begin[l + 1])
+    std::vector<int32_t> line_begin = { 0 };
+    for (int32_t i = 1; i < n_tokens; ++i) {
+        if (line_ends[i - 1]) {
+            line_begin.push_back(i);
+        }
+    }
+    const int32_t n_lines = (int32_t) line_begin.size();
+    line_begin.push_back(n_tokens);
+
+    auto for_each_word = [&](int32_t l, const auto & f) {
+        std::string word;
+        auto end_word = [&]() {
+            if (word.size() >= 4) {
+                f(word);
+            }
+            word.clear();
+        };
+        for (int32_t i = line_begin[l]; i < line_begin[l + 1]; ++i) {
+            for (const char ch : pieces[i]) {
+                const unsigned char c = (unsigned char) ch;
+                if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')) {
+                    word += (char) c;
+                } else if (c >= 'A' && c <= 'Z') {
+                    word += (char) (c - 'A' + 'a');
+                } else {
+                    end_word();
+                }
+            }
+        }
+        end_word();
+    };
+
+    // the question's words, each with the lines before the question that hold it (max_lines + 1 once too common)
+    const int32_t q_line = (int32_t) (std::upper_bound(line_begin.begin(), line_begin.begin() + n_lines,
+            std::max(0, n_tokens - n_question)) - line_begin.begin()) - 1;
+    std::unordered_map<std::string, std::vector<int32_t>> lines_of;
+    for (int32_t l = q_line; l < n_lines; ++l) {
+        for_each_word(l, [&](const std::string & w) { lines_of.emplace(w, std::vector<int32_t>()); });
+    }
+    for (int32_t l = 0; l < q_line; ++l) {
+        for_each_word(l, [&](const std::string & w) {
+            auto it = lines_of.find(w);
+            if (it != lines_of.end() && (int32_t) it->second.size() <= max_lines &&
+                    (it->second.empty() || it->second.back() != l)) {
+                it->second.push_back(l);
+            }
+        });
+    }
+    for (const auto & [word, lines] : lines_of) {
+        if ((int32_t) lines.size() > max_lines) {
+            continue;
+        }
+        for (const int32_t l : lines) {
+            std::fill(out.begin() + line_begin[l], out.begin() + line_begin[l + 1], 1);
+        }
+    }
+    return out;
+}
+
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
         const common_spec_prefill_select_params & params,
-        const uint8_t * line_ends) {
+        const uint8_t * line_ends,
+        const std::string * pieces) {
     std::vector<int32_t> kept;
     if (n_tokens <= 0) {
         return kept;
@@ -406,6 +477,13 @@ std::vector<int32_t> common_spec_prefill_select(
     std::vector<char> keep(n_tokens, 0);
     std::fill(keep.begin(), keep.begin() + n_head, 1);
     std::fill(keep.end() - n_tail, keep.end(), 1);
+    if (params.question_lines > 0 && line_ends && pieces) {
+        const std::vector<uint8_t> asked = common_spec_prefill_question_lines(pieces, line_ends, n_tokens, n_tail,
+                params.question_lines);
+        for (int32_t i = 0; i < n_tokens; ++i) {
+            keep[i] = keep[i] || asked[i];
+        }
+    }
 
     auto score_at = [&](int32_t i) {
         const float s = scores[i];

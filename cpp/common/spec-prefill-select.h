@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 // "keep" or "mass"; nullptr for an unknown mode
@@ -109,13 +110,22 @@ std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t
 // the cut stays where it was.
 std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_size, const uint8_t * line_ends);
 
+// The lines that share a rare word with the question, as a flag per token. The question is the lines holding the
+// last n_question tokens; a word is a run of at least 4 ASCII letters or digits, or bytes of multi-byte UTF-8
+// characters, ASCII case folded. A question word found in 1 to max_lines of the lines before the question adds those
+// lines (so words common in the prompt add nothing). pieces: each token's text; line_ends as below.
+std::vector<uint8_t> common_spec_prefill_question_lines(const std::string * pieces, const uint8_t * line_ends,
+        int32_t n_tokens, int32_t n_question, int32_t max_lines);
+
 // the sorted prompt positions to prefill; every position when the selection keeps everything. line_ends (may be
-// null): which tokens end a line, for params.chunk_lines and params.complete_lines
+// null): which tokens end a line, for params.chunk_lines, params.complete_lines and params.question_lines; pieces
+// (may be null): each token's text, for params.question_lines, whose lines are always kept like the head and tail
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
         const struct common_spec_prefill_select_params & params,
-        const uint8_t * line_ends = nullptr);
+        const uint8_t * line_ends = nullptr,
+        const std::string * pieces = nullptr);
 
 // nullptr if the parameters are valid, else what is wrong
 const char * common_spec_prefill_select_params_check(const struct common_spec_prefill_select_params & params);

@@ -73,7 +73,8 @@ struct common_spec_prefill {
     llama_model     * model = nullptr;
     llama_context_ptr ctx;
     const llama_vocab * vocab = nullptr;
-    std::vector<uint8_t> token_newlines; // per token id: where its piece has a newline, found at its first use
+    std::vector<std::string> token_pieces; // per token id: its text (special tokens rendered), found at its first use
+    std::vector<uint8_t>     token_known;  // per token id: token_pieces holds it
 
     int32_t n_layer     = 0;
     int32_t n_swa       = 0;
@@ -469,7 +470,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->n_ubatch        = std::max(1, std::min(params.n_ubatch, params.n_batch));
     sp->flash_attn_type = params.flash_attn_type;
     sp->vocab           = llama_model_get_vocab(model);
-    sp->token_newlines.assign(llama_vocab_n_tokens(sp->vocab), 0);
+    sp->token_pieces.assign(llama_vocab_n_tokens(sp->vocab), std::string());
+    sp->token_known.assign(llama_vocab_n_tokens(sp->vocab), 0);
     sp->n_layer         = llama_model_n_layer(model);
     sp->n_swa           = llama_model_n_swa(model);
     sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model);
@@ -509,33 +511,29 @@ void common_spec_prefill_free(common_spec_prefill * sp) {
     delete sp;
 }
 
+static const std::string & spec_prefill_piece(common_spec_prefill * sp, llama_token tok) {
+    static const std::string none;
+    if (tok < 0 || tok >= (llama_token) sp->token_pieces.size()) {
+        return none;
+    }
+    if (!sp->token_known[tok]) {
+        sp->token_pieces[tok] = common_token_to_piece(sp->vocab, tok, true);
+        sp->token_known[tok]  = 1;
+    }
+    return sp->token_pieces[tok];
+}
+
 // which of prompt[n_past, N) end a line: a token whose piece ends with a newline, or that a piece starting with one
 // follows (the draft's vocabulary is the target's)
 static std::vector<uint8_t> spec_prefill_line_ends(common_spec_prefill * sp, const llama_tokens & prompt,
         int32_t n_past) {
-    enum : uint8_t { NEWLINE_UNKNOWN = 0, NEWLINE_NONE = 1, NEWLINE_AT_END = 2, NEWLINE_AT_START = 4 };
-    auto newline = [&](llama_token tok) -> uint8_t {
-        if (tok < 0 || tok >= (llama_token) sp->token_newlines.size()) {
-            return NEWLINE_NONE;
-        }
-        uint8_t & kind = sp->token_newlines[tok];
-        if (kind == NEWLINE_UNKNOWN) {
-            const std::string piece = common_token_to_piece(sp->vocab, tok, true);
-            kind = NEWLINE_NONE;
-            if (!piece.empty() && piece.back() == '\n') {
-                kind |= NEWLINE_AT_END;
-            }
-            if (!piece.empty() && piece.front() == '\n') {
-                kind |= NEWLINE_AT_START;
-            }
-        }
-        return kind;
-    };
     const int32_t n_prompt = (int32_t) prompt.size();
     std::vector<uint8_t> ends(std::max(0, n_prompt - n_past), 0);
     for (int32_t i = n_past; i < n_prompt; ++i) {
-        ends[i - n_past] = (newline(prompt[i]) & NEWLINE_AT_END) ||
-            (i + 1 < n_prompt && (newline(prompt[i + 1]) & NEWLINE_AT_START));
+        const std::string & piece = spec_prefill_piece(sp, prompt[i]);
+        const std::string & next  = i + 1 < n_prompt ? spec_prefill_piece(sp, prompt[i + 1]) : piece;
+        ends[i - n_past] = (!piece.empty() && piece.back() == '\n') ||
+            (i + 1 < n_prompt && !next.empty() && next.front() == '\n');
     }
     return ends;
 }
@@ -1090,11 +1088,18 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         select.keep_first = 0;
     }
     std::vector<uint8_t> line_ends;
-    if (select.chunk_lines || select.complete_lines) {
+    if (select.chunk_lines || select.complete_lines || select.question_lines > 0) {
         line_ends = spec_prefill_line_ends(sp, prompt, res.n_past);
     }
+    std::vector<std::string> pieces;
+    if (select.question_lines > 0) {
+        pieces.reserve(n_new);
+        for (int32_t i = res.n_past; i < res.n_prompt; ++i) {
+            pieces.push_back(spec_prefill_piece(sp, prompt[i]));
+        }
+    }
     auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select,
-            line_ends.empty() ? nullptr : line_ends.data());
+            line_ends.empty() ? nullptr : line_ends.data(), pieces.empty() ? nullptr : pieces.data());
     if ((int32_t) kept.size() >= n_new) {
         return full(COMMON_SPEC_PREFILL_KEPT_ALL, "the selection kept every token");
     }

@@ -109,12 +109,16 @@ NB_MODULE(_selection, m) {
 
     m.def("select", [](f32_array scores, const std::string & mode, float keep, float mass, int32_t chunk_size,
                        int32_t keep_first, int32_t keep_last, std::optional<std::vector<uint8_t>> line_ends,
-                       bool chunk_lines, bool complete_lines) {
+                       bool chunk_lines, bool complete_lines, std::optional<std::vector<std::string>> pieces,
+                       int32_t question_lines) {
         if (scores.ndim() != 1) {
             throw std::invalid_argument("select: scores must be 1-D");
         }
         if (line_ends && line_ends->size() != scores.shape(0)) {
             throw std::invalid_argument("select: need one line_ends flag per score");
+        }
+        if (pieces && pieces->size() != scores.shape(0)) {
+            throw std::invalid_argument("select: need one piece per score");
         }
         auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
         if (const char * problem = common_spec_prefill_select_params_check(params)) {
@@ -122,11 +126,28 @@ NB_MODULE(_selection, m) {
         }
         params.chunk_lines    = chunk_lines;
         params.complete_lines = complete_lines;
+        params.question_lines = question_lines;
+        if (const char * problem = common_spec_prefill_select_params_check(params)) {
+            throw std::invalid_argument(problem);
+        }
         return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params,
-                line_ends ? line_ends->data() : nullptr);
+                line_ends ? line_ends->data() : nullptr, pieces ? pieces->data() : nullptr);
     }, nb::arg("scores"), nb::arg("mode") = "keep", nb::arg("keep") = 0.3f, nb::arg("mass") = 0.85f,
        nb::arg("chunk_size") = 32, nb::arg("keep_first") = 4, nb::arg("keep_last") = 64,
        nb::arg("line_ends") = nb::none(), nb::arg("chunk_lines") = true, nb::arg("complete_lines") = false,
+       nb::arg("pieces") = nb::none(), nb::arg("question_lines") = 0,
        "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines "
-       "(chunk_lines) and kept runs grow to whole lines (complete_lines).");
+       "(chunk_lines) and kept runs grow to whole lines (complete_lines); with pieces (each token's text) too, the "
+       "lines sharing a word with the question are kept (question_lines > 0: the most lines such a word may be in).");
+
+    m.def("question_lines", [](std::vector<std::string> pieces, std::vector<uint8_t> line_ends, int32_t n_question,
+                               int32_t max_lines) {
+        if (line_ends.size() != pieces.size()) {
+            throw std::invalid_argument("question_lines: need one line_ends flag per piece");
+        }
+        return common_spec_prefill_question_lines(pieces.data(), line_ends.data(), (int32_t) pieces.size(),
+                n_question, max_lines);
+    }, nb::arg("pieces"), nb::arg("line_ends"), nb::arg("n_question"), nb::arg("max_lines"),
+       "A flag per token: its line shares a word with the question's lines (those of the last n_question tokens), "
+       "a word in 1 to max_lines lines before them.");
 }

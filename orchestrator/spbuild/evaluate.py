@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +32,7 @@ TIMEOUT_S = 3600
 # what a setting may change per request (the selection's shape, the lookahead): the server's field and the tool's flag
 VARIANT_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-prefill-chunk-lines",
                     "complete_lines": "--spec-prefill-complete-lines",
+                    "question_lines": "--spec-prefill-question-lines",
                     "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last",
                     "lookahead": "--spec-prefill-lookahead"}
 # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
@@ -163,6 +164,13 @@ class ServerBackend:
                                                              "with_pieces": pieces}, timeout=TIMEOUT_S)
         response.raise_for_status()
         return response.json()["tokens"]
+
+    def render_chat(self, message: str) -> str:
+        """A user message as the server's chat template renders it for the model (the prompt /completion gets)."""
+        response = self.server.request("POST", "/apply-template",
+                                       {"messages": [{"role": "user", "content": message}]}, timeout=TIMEOUT_S)
+        response.raise_for_status()
+        return response.json()["prompt"]
 
     def pieces(self, prompt: str) -> list[str]:
         return [t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("utf-8", "replace")
@@ -378,6 +386,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", default="2048,8192", help="prompt lengths in tokens, comma-separated")
     parser.add_argument("--depths", default="0.1,0.5,0.9", help="where the primary evidence sits, comma-separated")
     parser.add_argument("--seeds", type=int, default=1, help="cases per kind, length and depth")
+    parser.add_argument("--chat", action="store_true",
+                        help="cases as user messages in the server's chat template (/apply-template), ending with the "
+                             "template's turn marker instead of an answer prefix; a model without a template needs "
+                             "--server-args '--chat-template NAME'")
     parser.add_argument("--p", default="0.1,0.2,0.3", help="fractions kept, comma-separated")
     parser.add_argument("--mass", default="", help="also mass-mode settings: score-mass fractions, comma-separated")
     parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
@@ -440,7 +452,11 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     started = time.monotonic()
     rows: list[dict] = []
     try:
-        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count)
+        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat)
+        if args.chat:
+            if not isinstance(backend, ServerBackend):
+                raise SpbuildError("--chat renders prompts with the server's chat template", hint="use --via server")
+            cases = [replace(case, prompt=backend.render_chat(case.prompt)) for case in cases]
         with (out_dir / "cases.jsonl").open("w") as f:
             for case in cases:
                 f.write(json.dumps(asdict(case)) + "\n")

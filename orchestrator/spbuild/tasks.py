@@ -3,7 +3,8 @@ needle, multi-key retrieval, multi-hop, distributed facts, temporal override, va
 of several fillers (prose, logs, code) at a chosen length and evidence depth.
 
 A case is a completion prompt for a base model: the filler with the evidence lines among its lines, then a question
-and the start of the answer ("Answer: The secret code is"), so that the first generated words are the answer. The
+and the start of the answer ("Answer: The secret code is"), so that the first generated words are the answer; or, in
+chat form, a user message that ends with the question, for the model's chat template to wrap. The
 evidence lines are the ones the answer needs; they appear in the prompt exactly as recorded, so their tokens can be
 found in the prompt's token pieces (`token_span`). Everything is drawn from `random.Random(seed)`: the same arguments
 give the same case on every machine.
@@ -33,6 +34,7 @@ class Case:
     question: str
     answer: str  # what a correct answer starts with
     evidence: tuple[str, ...]  # the lines the answer needs, as they appear in the prompt
+    chat: bool = False  # the prompt is a user message, no answer prefix: the answer is anywhere in its first line
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def _slots(rng: random.Random, task: _Task, n_lines: int) -> list[tuple[int, str
     return sorted(placed, key=lambda item: item[0])
 
 
-def _render(kind: str, filler: str, n_lines: int, depth: float, seed: int) -> tuple[str, _Task]:
+def _render(kind: str, filler: str, n_lines: int, depth: float, seed: int, chat: bool) -> tuple[str, _Task]:
     rng = random.Random(f"{kind}/{filler}/{seed}")
     task = _KIND_TASKS[kind](rng, depth)
     make_line = _FILLER_LINES[filler]
@@ -219,15 +221,16 @@ def _render(kind: str, filler: str, n_lines: int, depth: float, seed: int) -> tu
     for offset, (slot, line) in enumerate(_slots(rng, task, n_lines)):
         lines.insert(slot + offset, line)
     body = "\n".join(lines)
-    prompt = f"{body}\n\nQuestion: {task.question}\nAnswer: {task.answer_prefix}"
-    return prompt, task
+    if chat:
+        return f"{body}\n\nQuestion: {task.question}\nAnswer in one short sentence.", task
+    return f"{body}\n\nQuestion: {task.question}\nAnswer: {task.answer_prefix}", task
 
 
 def make_case(kind: str, filler: str, n_tokens: int, depth: float, seed: int = 0,
-              count_tokens: Callable[[str], int] | None = None) -> Case:
+              count_tokens: Callable[[str], int] | None = None, chat: bool = False) -> Case:
     """A case of about n_tokens prompt tokens. With `count_tokens` (the model's tokenizer) the filler is sized in two
     steps, an estimate and one correction, so the prompt lands within a few percent of n_tokens; without it the length
-    is the estimate's."""
+    is the estimate's. `chat`: the prompt is a user message ending with the question (see the module's docstring)."""
     if kind not in _KIND_TASKS:
         raise ValueError(f"unknown task kind {kind!r} (known: {', '.join(KINDS)})")
     if filler not in _FILLER_LINES:
@@ -237,17 +240,18 @@ def make_case(kind: str, filler: str, n_tokens: int, depth: float, seed: int = 0
     if n_tokens < 64:
         raise ValueError(f"a case needs at least 64 tokens, got {n_tokens}")
     n_lines = max(4, round(n_tokens / _TOKENS_PER_LINE[filler]))
-    prompt, task = _render(kind, filler, n_lines, depth, seed)
+    prompt, task = _render(kind, filler, n_lines, depth, seed, chat)
     if count_tokens is not None:
         n_lines = max(4, round(n_lines * n_tokens / max(1, count_tokens(prompt))))
-        prompt, task = _render(kind, filler, n_lines, depth, seed)
-    return Case(id=f"{kind}-{filler}-{n_tokens}-d{round(depth * 100):02d}-s{seed}", kind=kind, filler=filler,
-                n_tokens=n_tokens, depth=depth, seed=seed, prompt=prompt, question=task.question,
-                answer=task.answer, evidence=tuple(line for line, _ in task.evidence))
+        prompt, task = _render(kind, filler, n_lines, depth, seed, chat)
+    return Case(id=f"{kind}-{filler}-{n_tokens}-d{round(depth * 100):02d}-s{seed}" + ("-chat" if chat else ""),
+                kind=kind, filler=filler, n_tokens=n_tokens, depth=depth, seed=seed, prompt=prompt,
+                question=task.question, answer=task.answer, evidence=tuple(line for line, _ in task.evidence),
+                chat=chat)
 
 
 def suite(kinds: Sequence[str], fillers: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
-          seeds: int = 1, count_tokens: Callable[[str], int] | None = None) -> list[Case]:
+          seeds: int = 1, count_tokens: Callable[[str], int] | None = None, chat: bool = False) -> list[Case]:
     """Every kind at every length and depth, fillers taken in turn (a kind sees each filler across the depths)."""
     cases = []
     for n in lengths:
@@ -255,7 +259,7 @@ def suite(kinds: Sequence[str], fillers: Sequence[str], lengths: Sequence[int], 
             for d, depth in enumerate(depths):
                 for seed in range(seeds):
                     filler = fillers[(k + d + seed) % len(fillers)]
-                    cases.append(make_case(kind, filler, n, depth, seed, count_tokens))
+                    cases.append(make_case(kind, filler, n, depth, seed, count_tokens, chat))
     return cases
 
 
@@ -283,9 +287,13 @@ def first_line(text: str) -> str:
 
 
 def is_correct(case: Case, generated: str) -> bool:
-    """The generated text (after the answer prefix) starts with the answer, as a whole word or number."""
+    """The generated text (after the answer prefix) starts with the answer, as a whole word or number; in chat form
+    (no answer prefix) the answer is anywhere in its first line, as a whole word or number."""
     text = first_line(generated).lstrip(" :\"'*")
-    return re.match(re.escape(case.answer) + r"(?![0-9A-Za-z])", text) is not None
+    answer = re.escape(case.answer) + r"(?![0-9A-Za-z])"
+    if case.chat:
+        return re.search(r"(?<![0-9A-Za-z])" + answer, text) is not None
+    return re.match(answer, text) is not None
 
 
 def token_span(pieces: Sequence[str], text: str) -> range:

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 # about n tokens of text: common words the llama-bpe tokenizer keeps whole
+from spbuild import tasks
 from spbuild.bench import make_prompt as words
 
 pytestmark = pytest.mark.build
@@ -180,6 +181,30 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
         assert end == e or end - e > 16, (b, e, end)
 
 
+def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(spec_server):
+    """question_lines: a line naming the question's rare word is kept whole whatever it scores, at a p that keeps few
+    other chunks; off by default."""
+    fact = "The key for vault Zorblax is 4497."
+    lines = [words(20, seed=300 + i) for i in range(120)]
+    lines.insert(10, fact)
+    prompt = "\n".join(lines) + "\n\nQuestion: what is the key for vault Zorblax?\nAnswer:"
+    tokens = spec_server.request("POST", "/tokenize", {"content": prompt, "add_special": True,
+                                                        "with_pieces": True}).json()["tokens"]
+    span = tasks.token_span([t["piece"] for t in tokens], fact)
+
+    def kept(**fields) -> set[int]:
+        sp = spec(complete(spec_server, prompt, cache_prompt=False,
+                           spec_prefill={"p": 0.05, "return_kept": True, **fields}))
+        assert sp["status"] == "active", sp
+        return {i for b, e in sp["kept"] for i in range(b, e)}
+
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["question_lines"] == 0
+    plain, asked = kept(), kept(question_lines=3)
+    assert set(span) <= asked, (span, sorted(asked))
+    # the fact's line is what was added (its chunk edges aside, a line of its own: nothing else of the prompt)
+    assert len(asked - plain) <= len(span) + 64, sorted(asked - plain)
+
+
 @pytest.mark.parametrize("fields, name", [
     ({"spec_prefill": {"p": 0}}, "spec_prefill.p"),
     ({"spec_prefill": {"p": 1.5}}, "spec_prefill.p"),
@@ -196,6 +221,7 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
     ({"spec_prefill": {"keep_first": -1}}, "spec_prefill.keep_first"),
     ({"spec_prefill": {"keep_last": 1.5}}, "spec_prefill.keep_last"),
     ({"spec_prefill": {"chunk_lines": "yes"}}, "spec_prefill.chunk_lines"),
+    ({"spec_prefill": {"question_lines": -1}}, "spec_prefill.question_lines"),
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),

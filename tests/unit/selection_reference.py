@@ -11,6 +11,7 @@ interface rather than any particular implementation:
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -141,16 +142,46 @@ def forced_positions(n: int, chunk_size: int, keep_first: int, keep_last: int) -
     return set(range(n_head)) | set(range(n - n_tail, n))
 
 
+def question_line_positions(pieces: list[str], line_ends, n_question: int, max_lines: int) -> set[int]:
+    """Tokens of the lines that share a word (4+ ASCII letters or digits, or non-ASCII characters; case folded) with
+    the lines holding the last n_question tokens, where that word is in 1 to max_lines lines before them."""
+    n = len(pieces)
+    if n == 0 or max_lines <= 0 or n_question <= 0:
+        return set()
+    starts = [0] + [i for i in range(1, n) if line_ends[i - 1]]
+    lines = [range(a, b) for a, b in zip(starts, starts[1:] + [n])]
+    q0 = max(0, n - n_question)
+    q_line = next(k for k, r in enumerate(lines) if q0 in r)
+
+    def words(r: range) -> set[bytes]:
+        text = "".join(pieces[i] for i in r).encode()
+        return {w.lower() for w in re.findall(rb"[0-9A-Za-z\x80-\xff]{4,}", text)}  # bytes.lower(): ASCII only
+
+    asked = set().union(*(words(r) for r in lines[q_line:]))
+    holding: dict[bytes, list[int]] = {w: [] for w in asked}
+    for k, r in enumerate(lines[:q_line]):
+        for w in words(r) & asked:
+            holding[w].append(k)
+    out: set[int] = set()
+    for ks in holding.values():
+        if 1 <= len(ks) <= max_lines:
+            for k in ks:
+                out.update(lines[k])
+    return out
+
+
 def keep_count(keep: float, n_chunks: int, n_candidates: int) -> int:
     return min(max(1, math.ceil(keep * n_chunks - 1e-6)), n_candidates)
 
 
-def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int, line_ends=None) -> list[int]:
+def ranked_candidates(scores, chunk_size: int, keep_first: int, keep_last: int, line_ends=None,
+                      forced: set[int] | None = None) -> list[int]:
     """Candidate chunk indices (not entirely always-kept), highest mean first, ties to the lower index."""
     s = clean_scores(scores)
     n = len(s)
     chunks = chunk_ranges(n, chunk_size, line_ends)
-    forced = forced_positions(n, chunk_size, keep_first, keep_last)
+    if forced is None:
+        forced = forced_positions(n, chunk_size, keep_first, keep_last)
     candidates = [c for c, r in enumerate(chunks) if not all(i in forced for i in r)]
     mean = {c: seq_sum(s[i] for i in chunks[c]) / len(chunks[c]) for c in candidates}
     return sorted(candidates, key=lambda c: (-mean[c], c))
@@ -183,7 +214,7 @@ def grow_runs_to_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int
 
 def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, chunk_size: int = 32,
            keep_first: int = 4, keep_last: int = 64, line_ends=None, chunk_lines: bool = True,
-           complete_lines: bool = False) -> list[int]:
+           complete_lines: bool = False, pieces: list[str] | None = None, question_lines: int = 0) -> list[int]:
     problem = check_params(mode, keep, mass, chunk_size, keep_first, keep_last)
     if problem is not None:
         raise ValueError(problem)
@@ -194,7 +225,9 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
     cut_at_lines = line_ends if chunk_lines else None
     chunks = chunk_ranges(n, chunk_size, cut_at_lines)
     kept = forced_positions(n, chunk_size, keep_first, keep_last)
-    order = ranked_candidates(scores, chunk_size, keep_first, keep_last, cut_at_lines)
+    if question_lines > 0 and line_ends is not None and pieces is not None:
+        kept |= question_line_positions(pieces, line_ends, min(n, max(keep_last, chunk_size, 1)), question_lines)
+    order = ranked_candidates(scores, chunk_size, keep_first, keep_last, cut_at_lines, forced=set(kept))
 
     if mode == "keep":
         for c in order[:keep_count(keep, len(chunks), len(order))]:

@@ -300,6 +300,71 @@ def test_complete_lines_matches_reference(data, p, mode, chunk_lines):
     assert set(plain) <= set(got)
 
 
+# token texts as a tokenizer gives them: words split into pieces, mixed case, digits, punctuation, newlines, UTF-8
+PIECES = ["The", " key", " for", " vault", " Or", "ion", " ORION", " is", " 4", "497", "8", ".", "\n", ".\n", " what",
+          " What", "?", " Lyon", " lyon", "_x", "Ä", "ßen", " Straße", " café", " 2024", " 12", ":", "46", " log", "ging",
+          " ERROR", " error", " var", "_", "QXJ", " =", " ", "  ", "\t", "\n\n"]
+
+
+@st.composite
+def prompt_pieces(draw):
+    """Token texts, a line-end flag per token (a piece ending a line, or some other token), the question's length."""
+    pieces = draw(st.lists(st.sampled_from(PIECES), min_size=1, max_size=300))
+    line_ends = [int(p.endswith("\n") or draw(st.integers(0, 30)) == 0) for p in pieces]
+    return pieces, line_ends, draw(st.integers(0, 80))
+
+
+@FAST
+@given(prompt_pieces(), st.integers(0, 6))
+def test_question_lines_match_reference(data, max_lines):
+    pieces, line_ends, n_question = data
+    got = {i for i, f in enumerate(sel.question_lines(pieces, line_ends, n_question, max_lines)) if f}
+    assert got == ref.question_line_positions(pieces, line_ends, n_question, max_lines)
+    # only lines before the question are added
+    assert all(i < len(pieces) - n_question for i in got)
+
+
+@FAST
+@given(prompt_pieces(), select_params(), st.sampled_from(["keep", "mass"]), st.integers(0, 4))
+def test_select_with_question_lines_matches_reference(data, p, mode, max_lines):
+    pieces, line_ends, _ = data
+    scores = np.ascontiguousarray(np.random.default_rng(len(pieces)).random(len(pieces)), dtype=np.float32)
+    got = list(sel.select(scores, mode, p["keep"], p["mass"], p["chunk_size"], p["keep_first"], p["keep_last"],
+                          line_ends, chunk_lines=False, complete_lines=True, pieces=pieces, question_lines=max_lines))
+    assert got == ref.select(scores, mode, **p, line_ends=line_ends, chunk_lines=False, complete_lines=True,
+                             pieces=pieces, question_lines=max_lines)
+    # question lines only add to the selection
+    plain = sel.select(scores, mode, p["keep"], p["mass"], p["chunk_size"], p["keep_first"], p["keep_last"],
+                       line_ends, chunk_lines=False, complete_lines=True)
+    assert set(plain) <= set(got)
+
+
+def test_question_lines_keep_the_asked_key_and_skip_common_words():
+    """A multi-key prompt: the asked vault's line shares 'orion' (any case, split over pieces) with the question and
+    is kept although it scores nothing; 'vault' is in four lines, too common under a limit of 3 to add any; the other
+    vaults' lines and the filler are not kept."""
+    lines = [["Log", " entry", " number", f" {k}", " was", " fine", ".\n"] for k in range(40)]
+    lines[5] = ["The", " key", " for", " vault", " Or", "ion", " is", " 449", "78", ".\n"]
+    lines[20] = ["The", " key", " for", " vault", " Vega", " is", " 129", "84", ".\n"]
+    lines[30] = ["The", " key", " for", " vault", " Lyra", " is", " 555", "12", ".\n"]
+    lines[33] = ["Vault", " access", " is", " logged", ".\n"]
+    question = ["What", " is", " the", " key", " for", " vault", " ORION", "?", "\n", "Answer", ":"]
+    pieces = [p for line in lines for p in line] + question
+    line_ends = [int(p.endswith("\n")) for p in pieces]
+    start = {k: sum(len(line) for line in lines[:k]) for k in range(len(lines) + 1)}
+    scores = np.zeros(len(pieces), np.float32)
+    scores[start[10]:start[11]] = 1.0  # the selection's own pick: a filler line
+    args = (scores, "keep", 0.05, 0.85, 8, 0, len(question), line_ends)
+    plain = set(sel.select(*args, chunk_lines=False))
+    asked = set(sel.select(*args, chunk_lines=False, pieces=pieces, question_lines=3))
+    assert asked - plain == set(range(start[5], start[6]))
+    # 'vault' is in four lines before the question: with a limit of 4 they all come in
+    four = set(sel.select(*args, chunk_lines=False, pieces=pieces, question_lines=4)) - plain
+    assert four == set().union(*(range(start[k], start[k + 1]) for k in (5, 20, 30, 33)))
+    with pytest.raises(ValueError, match="question lines"):
+        sel.select(*args, pieces=pieces, question_lines=-1)
+
+
 def test_complete_lines_keeps_a_cut_line_whole_and_ranks_as_fixed_chunks():
     """The quality bar's lost multi-key answer: the fact's line (tokens 60-75) crosses the fixed cut at 64, and the
     chunk before the cut ranks low. Fixed chunks keep 64-75 only; completing lines adds 60-63 (the line's start, 4

@@ -151,3 +151,17 @@ def test_answers_are_read_from_the_first_line_and_matched_as_a_whole():
     assert not tasks.is_correct(case, f"\n\n{case.answer[:-1]}")
     assert not tasks.is_correct(case, f" 1\n{case.answer}")  # only the first line counts
     assert tasks.first_line("  the city of\nOslo") == "the city of"
+
+
+def test_a_chat_case_is_a_user_message_ending_with_the_question_and_its_answer_may_come_anywhere_in_the_line():
+    completion = tasks.make_case("multikey", "logs", 800, 0.5, 1)
+    chat = tasks.make_case("multikey", "logs", 800, 0.5, 1, chat=True)
+    assert chat.chat and not completion.chat and chat.id == completion.id + "-chat"
+    # the same filler and evidence; the question closes the message, without the completion's answer prefix
+    assert chat.prompt.split("\n\nQuestion:")[0] == completion.prompt.split("\n\nQuestion:")[0]
+    assert chat.prompt.endswith(f"Question: {chat.question}\nAnswer in one short sentence.")
+    assert "\nAnswer: " not in chat.prompt
+    assert tasks.is_correct(chat, f"The key of that vault is {chat.answer}.")
+    assert not tasks.is_correct(chat, f"The key of that vault is 1{chat.answer}.")  # another number
+    assert not tasks.is_correct(completion, f"The key of that vault is {completion.answer}.")
+    assert all(case.chat for case in tasks.suite(["needle"], ["prose"], [500], [0.5], chat=True))

@@ -50,6 +50,7 @@ json server_spec_prefill_params::to_json() const {
         {"chunk_size", select.chunk_size},
         {"chunk_lines", select.chunk_lines},
         {"complete_lines", select.complete_lines},
+        {"question_lines", select.question_lines},
         {"keep_first", select.keep_first},
         {"keep_last",  select.keep_last},
     };
@@ -123,14 +124,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else if (!obj.is_object()) {
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
-            static const char * known[] = { "enabled", "p", "select", "mass", "min_tokens", "window", "lookahead",
-                "max_keep", "chunk_size", "chunk_lines", "complete_lines", "keep_first", "keep_last", "return_kept" };
+            static const std::vector<std::string> known = { "enabled", "p", "select", "mass", "min_tokens",
+                "window", "lookahead", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
+                "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
-                if (std::find_if(std::begin(known), std::end(known),
-                        [&](const char * k) { return item.key() == k; }) == std::end(known)) {
-                    spec_prefill_bad_field("spec_prefill." + item.key(), "unknown field (known: enabled, p, select, "
-                            "mass, min_tokens, window, lookahead, max_keep, chunk_size, chunk_lines, complete_lines, "
-                            "keep_first, keep_last, return_kept)");
+                if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
+                    spec_prefill_bad_field("spec_prefill." + item.key(),
+                            "unknown field (known: " + string_join(known, ", ") + ")");
                 }
             }
             if (spec_prefill_has(obj, "enabled")) {
@@ -171,7 +171,8 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
             }
             // the selection's shape, as --spec-prefill-chunk, --spec-prefill-chunk-lines,
-            // --spec-prefill-complete-lines, --spec-prefill-keep-first and --spec-prefill-keep-last
+            // --spec-prefill-complete-lines, --spec-prefill-question-lines, --spec-prefill-keep-first and
+            // --spec-prefill-keep-last
             if (spec_prefill_has(obj, "chunk_size")) {
                 params.select.chunk_size =
                     spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0, 65536);
@@ -182,6 +183,10 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             if (spec_prefill_has(obj, "complete_lines")) {
                 params.select.complete_lines =
                     spec_prefill_get_bool(obj, "complete_lines", "spec_prefill.complete_lines");
+            }
+            if (spec_prefill_has(obj, "question_lines")) {
+                params.select.question_lines =
+                    spec_prefill_get_int(obj, "question_lines", "spec_prefill.question_lines", 0);
             }
             if (spec_prefill_has(obj, "keep_first")) {
                 params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first", 0);
@@ -435,6 +440,7 @@ json server_spec_prefill_props(const common_params & params) {
         {"chunk",       spp.select.chunk_size},
         {"chunk_lines", spp.select.chunk_lines},
         {"complete_lines", spp.select.complete_lines},
+        {"question_lines", spp.select.question_lines},
         {"keep_first",  spp.select.keep_first},
         {"keep_last",   spp.select.keep_last},
         {"max_keep",    spp.select.max_keep},
