@@ -6,6 +6,12 @@
 
 #include <cstdint>
 
+// the most query rows a request may ask for: the default (--spec-prefill-lookahead) or 8, the paper's, whichever is
+// more; the draft context keeps room for them (a few KV cells), so a request can choose 8 under a shorter default
+inline int32_t common_spec_prefill_lookahead_max(int32_t lookahead) {
+    return lookahead > 8 ? lookahead : 8;
+}
+
 enum common_spec_prefill_select_mode {
     COMMON_SPEC_PREFILL_SELECT_KEEP = 0, // the top fraction `keep` of the chunks
     COMMON_SPEC_PREFILL_SELECT_MASS = 1, // the highest chunks until they hold `mass` of the total score

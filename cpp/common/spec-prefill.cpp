@@ -481,7 +481,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->layer_seen.assign(sp->n_layer, 0);
     sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
 
-    const int32_t n_window_min = spp.window > 0 ? spp.window + SPEC_PREFILL_N_SINK + spp.lookahead : 512;
+    const int32_t n_window_min = spp.window > 0 ?
+        spp.window + SPEC_PREFILL_N_SINK + common_spec_prefill_lookahead_max(spp.lookahead) : 512;
     if (sp->n_ctx_max < n_window_min) {
         error = string_format("speculative prefill: the draft context (--spec-prefill-ctx, default: the draft's trained "
                 "context) holds %d tokens, fewer than the %d a window needs; raise --spec-prefill-ctx", sp->n_ctx_max,
@@ -578,7 +579,7 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     const int32_t n_prompt   = (int32_t) prompt.size();
     const int32_t n_past     = spec_prefill_n_past(req, n_prompt);
     const int32_t n_new      = n_prompt - n_past;
-    const int32_t n_look     = sp->params.lookahead;
+    const int32_t n_look     = common_spec_prefill_lookahead_max(sp->params.lookahead); // room, not use
     const int32_t n_question = std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last);
     const int32_t n_sink0    = n_past > 0 ? std::min(SPEC_PREFILL_N_SINK, n_past) : 0;
 
@@ -995,10 +996,11 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     if (const char * problem = common_spec_prefill_select_params_check(req.select)) {
         return full(COMMON_SPEC_PREFILL_FAILED, problem);
     }
-    const int32_t n_look = req.lookahead == 0 ? sp->params.lookahead : req.lookahead;
-    if (n_look < 1 || n_look > sp->params.lookahead) {
+    const int32_t n_look     = req.lookahead == 0 ? sp->params.lookahead : req.lookahead;
+    const int32_t n_look_max = common_spec_prefill_lookahead_max(sp->params.lookahead);
+    if (n_look < 1 || n_look > n_look_max) {
         return full(COMMON_SPEC_PREFILL_FAILED, string_format("lookahead %d is outside [1, %d] (the draft context has "
-                "room for --spec-prefill-lookahead %d)", n_look, sp->params.lookahead, sp->params.lookahead));
+                "room for max(--spec-prefill-lookahead, 8) rows)", n_look, n_look_max));
     }
     if (const char * dev = spec_prefill_lost_device(sp)) {
         return full(COMMON_SPEC_PREFILL_FAILED, spec_prefill_lost_reason(dev));

@@ -174,21 +174,25 @@ def eval_plots(rows: Sequence[dict], out_dir: Path) -> list[Path]:
 
 def bench_markdown(rows: Sequence[dict]) -> str:
     out = ["| prompt tokens | setting | status | kept | TTFT ms, full prefill | TTFT ms, spec prefill | speedup | "
-           "bound | of bound | score ms (draft prefill + query steps) | sparse prefill ms | draft FA prefill ms |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "bound | of bound | of bound, this run's draft prefill | score ms (draft prefill + query steps) | "
+           "sparse prefill ms | draft FA prefill ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
-            out.append(f"| {r['n_prompt']:,} | {r['setting']} | failed: {r['error'][-120:]} |||||||||| |")
+            out.append(f"| {r['n_prompt']:,} | {r['setting']} | failed: {r['error'][-120:]} ||||||||||| |")
             continue
+        in_run = r.get("of_bound_in_run", math.nan)  # not in results of older runs
         out.append(
             f"| {r['n_prompt']:,} | {r['setting']} | {r['status']} | {r['n_kept']:,} | {_ms(r['full_ttft_ms'])} | "
             f"{_ms(r['spec_ttft_ms'])} | **{r['speedup']:.2f}x** | {r['bound']:.2f}x | {r['of_bound']:.0%} | "
+            f"{in_run:.0%} | "
             f"{r['score_ms']['median']:,.0f} ({r['score_draft_prefill_ms']['median']:,.0f} + "
             f"{r['score_query_ms']['median']:,.0f}) | {r['sparse_prefill_ms']['median']:,.0f} | "
             f"{_ms(r['draft_prefill_ms'])} |")
     return ("\n".join(out) + "\n\nTTFT: median of the repetitions, [lowest, highest] after it. Bound: full-prefill TTFT "
             "over (the draft's own flash-attention prefill + the sparse prefill), the speedup if scoring cost no more "
-            "than that prefill.\n").replace("nan", "-")
+            "than that prefill; with this run's draft prefill, the one the scoring timed in the same requests "
+            "(llama-bench's varies by about 8% from run to run).\n").replace("nan%", "-").replace("nan", "-")
 
 
 def _ms(spread: dict) -> str:

@@ -214,7 +214,7 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
     ({"spec_prefill": {"min_tokens": -5}}, "spec_prefill.min_tokens"),
     ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
     ({"spec_prefill": {"lookahead": 0}}, "spec_prefill.lookahead"),
-    ({"spec_prefill": {"lookahead": 9}}, "spec_prefill.lookahead"),  # above the server's --spec-prefill-lookahead 8
+    ({"spec_prefill": {"lookahead": 9}}, "spec_prefill.lookahead"),  # above max(--spec-prefill-lookahead 1, 8)
     ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
     ({"spec_prefill": {"return_kept": 1}}, "spec_prefill.return_kept"),
     ({"spec_prefill": {"chunk_size": 70000}}, "spec_prefill.chunk_size"),
@@ -237,18 +237,20 @@ def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
 
 
 def test_a_request_chooses_its_lookahead(spec_server):
-    """The query rows are the prompt's last token and lookahead - 1 draft tokens: a request may ask for fewer than the
-    server's 8 (each is a draft decode), and the response counts the rows it used."""
+    """The query rows are the prompt's last token and lookahead - 1 draft tokens: by default the last token alone (the
+    server's --spec-prefill-lookahead 1); a request may ask for up to 8 (each is a draft decode), and the response
+    counts the rows it used."""
     prompt = words(2000, seed=31)
     default = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"return_kept": True}))
-    one = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"lookahead": 1, "return_kept": True}))
-    assert default["status"] == one["status"] == "active", (default, one)
-    assert default["n_windows"] == one["n_windows"] == 1
-    # the tiny draft's greedy answer does not end at once, so the default uses more than one row
-    assert 1 < default["n_rows"] <= 8, default
-    assert one["n_rows"] == 1, one
-    # the prompt's last token alone scores the prompt otherwise than eight rows do
-    assert one["kept"] != default["kept"]
+    eight = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"lookahead": 8, "return_kept": True}))
+    assert default["status"] == eight["status"] == "active", (default, eight)
+    assert default["n_windows"] == eight["n_windows"] == 1
+    assert default["n_rows"] == 1, default
+    # the tiny draft's greedy answer does not end at once, so eight asked give more than one row
+    assert 1 < eight["n_rows"] <= 8, eight
+    # the greedy tokens' rows score the prompt otherwise than the last token's alone
+    assert eight["kept"] != default["kept"]
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["lookahead"] == 1
 
 
 def test_every_endpoint_reports_it(spec_server):

@@ -39,7 +39,9 @@ def assert_kv_is_kept_plus_generated(report):
 @pytest.mark.parametrize("window", [0, 1024], ids=["full", "windowed"])
 def test_keep_mode_on_each_architecture(tool, tiny_models, arch, window):
     p, chunk = 0.3, 32
-    report = run_tool(tool, tiny_models[arch], "--spec-prefill-p", str(p), "--spec-prefill-window", str(window))
+    # eight rows: the greedy lookahead decodes on every architecture, beside the prompt's last token
+    report = run_tool(tool, tiny_models[arch], "--spec-prefill-p", str(p), "--spec-prefill-window", str(window),
+                      "--spec-prefill-lookahead", "8")
     n = report["n_prompt"]
     assert report["status"] == "sparse", report["reason"]
     assert report["n_rows"] == 8 * report["n_windows"]  # the test vocabulary has no end-of-generation token
@@ -145,7 +147,7 @@ def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, win
     """Lookahead tokens that attend only to themselves give some heads no weight on the prompt: the host skips those
     heads, and so must the graph (it once took them for broken rows and fell back to the host, found on CUDA)."""
     log: list[str] = []
-    args = ("--spec-prefill-window", str(window), "--spec-prefill-p", "0.1")
+    args = ("--spec-prefill-window", str(window), "--spec-prefill-p", "0.1", "--spec-prefill-lookahead", "8")
     prompt = bench.make_prompt(2400)
     graph = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "graph"}, log=log)
     host = run_tool(tool, sharp_model, *args, prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "host"})

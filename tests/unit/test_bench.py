@@ -72,7 +72,8 @@ def _bench_row(n: int, setting: str, full: float, spec: float, draft: float, spa
             "reason": "", "n_kept": n // 10, "n_windows": 1, "full_ttft_ms": spread(full), "spec_ttft_ms": spread(spec),
             "queue_ms": spread(0.1), "score_ms": spread(spec - sparse), "score_draft_prefill_ms": spread(draft * 1.05),
             "score_query_ms": spread(30.0), "sparse_prefill_ms": spread(sparse), "draft_prefill_ms": spread(draft),
-            "speedup": full / spec, "bound": bound, "of_bound": full / spec / bound}
+            "speedup": full / spec, "bound": bound, "of_bound": full / spec / bound,
+            "of_bound_in_run": full / spec / (full / (draft * 1.05 + sparse))}
 
 
 def test_the_bench_table_and_plot_show_speedup_bound_and_phases(tmp_path):
@@ -82,8 +83,12 @@ def test_the_bench_table_and_plot_show_speedup_bound_and_phases(tmp_path):
                  "error": "llama-server answered 400: too long"})
     table = reports.bench_markdown(rows)
     assert ("| 32,768 | p=0.1 full | active | 3,276 | 3,277 [3,211, 3,375] | 1,114 [1,092, 1,148] | **2.94x** | "
-            "3.33x | 88% | 786 (688 + 30) | 328 | 655 [642, 675] |") in table
+            "3.33x | 88% | 91% | 786 (688 + 30) | 328 | 655 [642, 675] |") in table
     assert "| 131,072 | p=0.1 full | failed: llama-server answered 400: too long |" in table
+    # results of runs before the in-run bound existed still render
+    old = {k: v for k, v in rows[0].items() if k != "of_bound_in_run"}
+    assert "| 8,192 | p=0.1 full | active | 819 | 819 [803, 844] | 279 [273, 287] | **2.94x** | 3.33x | 88% | - | " \
+        in reports.bench_markdown([old])
     files = reports.write(tmp_path, "bench", {"describe": {"via": "server"}}, rows)
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG" and tmp_path / "bench.png" in files
     assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["bound"] == pytest.approx(10 / 3)

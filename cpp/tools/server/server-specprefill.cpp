@@ -164,8 +164,9 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 }
             }
             if (spec_prefill_has(obj, "lookahead")) {
-                // the draft context is prepared with room for the server's lookahead, not more
-                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", 1, spp.lookahead);
+                // the draft context is prepared with room for this many rows, not more
+                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", 1,
+                        common_spec_prefill_lookahead_max(spp.lookahead));
             }
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
