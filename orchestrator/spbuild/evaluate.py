@@ -429,6 +429,8 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     """Run the eval the options describe and write its reports; returns the files written."""
     from spbuild import reports  # here, not at the top: reports imports this module
 
+    if args.chat and args.via != "server":
+        raise SpbuildError("--chat renders the cases with the server's chat template", hint="use --via server")
     target = args.target or default_model()
     draft = args.draft or target
     kinds = _names(args.kinds, tasks.KINDS, "task kind")
@@ -453,9 +455,7 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     rows: list[dict] = []
     try:
         cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat)
-        if args.chat:
-            if not isinstance(backend, ServerBackend):
-                raise SpbuildError("--chat renders prompts with the server's chat template", hint="use --via server")
+        if isinstance(backend, ServerBackend) and args.chat:
             cases = [replace(case, prompt=backend.render_chat(case.prompt)) for case in cases]
         with (out_dir / "cases.jsonl").open("w") as f:
             for case in cases:

@@ -86,7 +86,8 @@ class SpecPrefillTool:
             prompt_file = self.tmp / f"prompt-{self.runs}.txt"
             prompt_file.write_text(prompt)
             argv += ["-f", str(prompt_file)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+        # a random model's output may cut a UTF-8 character: the tool prints its bytes as they come
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
                               env={**os.environ, **(env or {})})
         data = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
         return ToolRun(proc.returncode, proc.stdout, proc.stderr, data)

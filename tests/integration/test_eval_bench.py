@@ -93,6 +93,24 @@ def test_eval_through_the_tool_reads_the_same_cases(build, bpe_models, tmp_path)
             assert r["agree"] and r["evidence_retained"] and r["n_kept"] == r["n_prompt"]
 
 
+def test_eval_in_chat_form_renders_each_case_with_the_servers_template(build, bpe_models, tmp_path):
+    """--chat: each case is a user message the server's chat template wraps (/apply-template), and that rendered
+    prompt is what both prefills get; the tool has no template and refuses."""
+    out = tmp_path / "eval-chat"
+    common = ["--bin", str(build.binary("llama-server").parent), "--target", str(bpe_models["target"]), "--draft",
+              str(bpe_models["draft"]), "--lengths", "1024", "--depths", "0.5", "--kinds", "needle", "--p", "0.2",
+              "--window", "0", "--server-args", CPU, "--no-plots", "--chat"]
+    assert evaluate.main([*common, "--out", str(out)]) == 0
+    (case,) = [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()]
+    assert case["chat"] and case["id"].endswith("-chat")
+    message = f"Question: {case['question']}\nAnswer in one short sentence."
+    # the template's markers around the message: the prompt goes on past the question, to the assistant's turn
+    assert message in case["prompt"] and not case["prompt"].endswith(message)
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    assert row["status"] == "active" and row["evidence_retained"] in (True, False)
+    assert evaluate.main([*common, "--via", "tool", "--out", str(tmp_path / "tool")]) == 1
+
+
 def test_eval_refuses_bad_options_before_starting_anything(build, workspace, tmp_path):
     proc = _spbuild("eval", "--build-dir", build.record.build_dir, "--kinds", "needle,riddle", "--target",
                     tmp_path / "none.gguf", "--out", tmp_path, workspace=workspace)
@@ -134,6 +152,9 @@ def test_bench_measures_both_prefills_side_by_side_with_phases_and_bound(via, bu
         assert r["score_ms"]["median"] < r["spec_ttft_ms"]["median"]
         assert (r["n_windows"] > 1) == (r["window"] == 512)
         assert math.isfinite(r["of_bound"])
+        # the same ratio with the draft prefill the scoring timed in these requests
+        in_run = r["full_ttft_ms"]["median"] / (r["score_draft_prefill_ms"]["median"] + r["sparse_prefill_ms"]["median"])
+        assert r["of_bound_in_run"] == pytest.approx(r["speedup"] / in_run)
     assert document["command"][0] == ("llama-server" if via == "server" else "llama-specprefill")
     table = (out / "results.md").read_text()
     assert table.count("| active |") == 4 and "[lowest, highest]" in table

@@ -63,23 +63,43 @@ def _spec_args(models: dict, spec_type: str) -> tuple[str, list[str]]:
     return target, ["--spec-type", spec_type, *(["-md", str(models[draft])] if draft else [])]
 
 
-def _complete(server, prompt: str, slot: int, cache_prompt: bool = False) -> dict:
+def _complete(server, prompt: str, slot: int, cache_prompt: bool = False, probs: bool = False) -> dict:
     response = server.request("POST", "/completion", {
         "prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True, "id_slot": slot,
-        "cache_prompt": cache_prompt})
+        "cache_prompt": cache_prompt, **({"n_probs": 2} if probs else {})})
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def _session(server) -> dict:
+def _session(server, probs: bool = False) -> dict:
     """What the tests compare: each prompt alone on slot 0, two prompts on both slots at once, and a follow-up that
-    reuses slot 0's sparse KV."""
-    alone = [_complete(server, prompt, 0) for prompt in PROMPTS]
+    reuses slot 0's sparse KV. probs: each token's two most likely candidates too (for the reference)."""
+    alone = [_complete(server, prompt, 0, probs=probs) for prompt in PROMPTS]
     with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda i: _complete(server, PROMPTS[i], i - 1), (1, 2)))
-    first = _complete(server, FIRST_TURN, 0, cache_prompt=True)
-    follow_up = _complete(server, FIRST_TURN + first["content"] + FOLLOW_UP, 0, cache_prompt=True)
+        both = list(pool.map(lambda i: _complete(server, PROMPTS[i], i - 1, probs=probs), (1, 2)))
+    first = _complete(server, FIRST_TURN, 0, cache_prompt=True, probs=probs)
+    follow_up = _complete(server, FIRST_TURN + first["content"] + FOLLOW_UP, 0, cache_prompt=True, probs=probs)
     return {"alone": alone, "both": both, "turns": [first, follow_up]}
+
+
+# the widest gap between the two most likely tokens that a verified batch may still flip: the target's logits for a
+# batch of drafted tokens and for one token at a time differ in the last bits (the CPU's matrix kernels differ by batch
+# size), which decides only between candidates this close; the random models meet such near-ties now and then
+NEAR_TIE_LOGPROB = 1e-2
+
+
+def _assert_same_tokens(got: list[int], reference: dict, where: str) -> None:
+    """The tokens equal the reference's, or the two part at a near-tie of the reference's logits, where the other
+    candidate was taken (after which neither has to follow the other)."""
+    want = reference["tokens"]
+    diverged = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if diverged is None:
+        assert len(got) == len(want), f"{where}: {len(got)} tokens against {len(want)}"
+        return
+    top = reference["completion_probabilities"][diverged]["top_logprobs"]
+    gap = top[0]["logprob"] - top[1]["logprob"]
+    assert gap < NEAR_TIE_LOGPROB and got[diverged] == top[1]["id"], \
+        f"{where}: spec decoding changed token {diverged} ({got[diverged]} for {want[diverged]}, a logprob gap of {gap:.4f})"
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +116,7 @@ def references(build, spec_decoding_models, bpe_models, tmp_path_factory) -> dic
             server = ServerProcess(build.binary("llama-server"), _server_args(models, target), log=log)
             try:
                 server.wait_ready()
-                cache[target] = _session(server)
+                cache[target] = _session(server, probs=True)
             finally:
                 server.stop()
         return cache[target]
@@ -125,7 +145,7 @@ def test_spec_decoding_with_spec_prefill_is_lossless(server_factory, spec_decodi
             spec = body["timings"]["spec_prefill"]
             assert spec["status"] == ref["timings"]["spec_prefill"]["status"], where
             assert spec["n_kept"] == ref["timings"]["spec_prefill"]["n_kept"], where
-            assert _tokens(body) == _tokens(ref), f"{where}: spec decoding changed the output: {spec}, {ref['timings']}"
+            _assert_same_tokens(_tokens(body), ref, where)
             if spec_type in DRAFT_TYPES:
                 assert body["timings"].get("draft_n", 0) > 0, f"{where}: nothing was drafted"
     if spec_type in NGRAM_ARGS and spec_type != "ngram-cache":
