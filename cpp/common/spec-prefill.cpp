@@ -529,12 +529,14 @@ static const std::string & spec_prefill_piece(common_spec_prefill * sp, llama_to
 static std::vector<uint8_t> spec_prefill_line_ends(common_spec_prefill * sp, const llama_tokens & prompt,
         int32_t n_past) {
     const int32_t n_prompt = (int32_t) prompt.size();
+    auto starts_with_newline = [&](int32_t i) {
+        const std::string & piece = spec_prefill_piece(sp, prompt[i]);
+        return !piece.empty() && piece.front() == '\n';
+    };
     std::vector<uint8_t> ends(std::max(0, n_prompt - n_past), 0);
     for (int32_t i = n_past; i < n_prompt; ++i) {
         const std::string & piece = spec_prefill_piece(sp, prompt[i]);
-        const std::string & next  = i + 1 < n_prompt ? spec_prefill_piece(sp, prompt[i + 1]) : piece;
-        ends[i - n_past] = (!piece.empty() && piece.back() == '\n') ||
-            (i + 1 < n_prompt && !next.empty() && next.front() == '\n');
+        ends[i - n_past] = (!piece.empty() && piece.back() == '\n') || (i + 1 < n_prompt && starts_with_newline(i + 1));
     }
     return ends;
 }
