@@ -12,7 +12,12 @@
 #                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
 #                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan;
 #                                                       # EXTRA_SERVER_ARGS appended to the server's arguments)
-#   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # Gemma 3 270M quality into $OUT/NAME; ARGS go to
+#   bash docs/bench/h200-bench-eval.sh pair             # append the carried parts of the Qwen2.5-Coder pair (the
+#                                                       # 1.5B target then the 0.5B draft, cut with split -b 52000000
+#                                                       # into .carry/pair/partNN, sha256s in .carry/pair.sha256), each
+#                                                       # once; splits and verifies both once all are there
+#   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
+#                                                       # MODELS=pair the Qwen2.5-Coder pair; ARGS go to
 #                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
 W=/tmp/spbench-eval
@@ -36,6 +41,22 @@ gemma)
     want=$(cut -d' ' -f1 .carry/gemma.sha256)
     if [ "$(sha256sum "$W/gemma.gguf" | cut -d' ' -f1)" = "$want" ]; then echo "gemma.gguf complete"; fi
     ;;
+pair)
+    mkdir -p "$W"
+    touch "$W/pair.done"
+    for part in .carry/pair/part*; do
+        grep -qx "$(basename "$part")" "$W/pair.done" && continue
+        cat "$part" >> "$W/pair.cat" && basename "$part" >> "$W/pair.done"
+    done
+    target_size=1117320768 draft_size=491400064
+    size=$(stat -c %s "$W/pair.cat")
+    echo "pair: $(wc -l < "$W/pair.done") parts, $size of $((target_size + draft_size)) bytes"
+    if [ "$size" = $((target_size + draft_size)) ]; then
+        head -c $target_size "$W/pair.cat" > "$W/qwen2.5-coder-1.5b-instruct.gguf"
+        tail -c $draft_size "$W/pair.cat" > "$W/qwen2.5-coder-0.5b-instruct.gguf"
+        (cd "$W" && sha256sum -c "$OLDPWD/.carry/pair.sha256") && rm "$W/pair.cat"
+    fi
+    ;;
 bench)
     # BUILD=vk-trixie: the Vulkan build of docs/bench/h200-query-steps.sh; NAME: the folder under $OUT
     name=${NAME:-bench-cuda}
@@ -49,7 +70,12 @@ bench)
     cat "$OUT/$name.md"
     ;;
 eval)
-    python3 -m spbuild.evaluate --bin "$W/build/bin" --target "$W/gemma.gguf" --lengths "$2" \
+    if [ "${MODELS:-gemma}" = pair ]; then
+        models=(--target "$W/qwen2.5-coder-1.5b-instruct.gguf" --draft "$W/qwen2.5-coder-0.5b-instruct.gguf")
+    else
+        models=(--target "$W/gemma.gguf")
+    fi
+    python3 -m spbuild.evaluate --bin "$W/build/bin" "${models[@]}" --source-tree "$W/src" --lengths "$2" \
         --depths 0.1,0.5,0.9 --p 0.1,0.2,0.3 --window 0,2048,4096 --no-plots \
         --server-args "-ngl 99 -nglpd 99 -fa on ${EXTRA_SERVER_ARGS:-}" --out "$OUT/$3" "${@:4}" \
         > "$OUT/$3.log" 2>&1 || { tail -20 "$OUT/$3.log"; exit 1; }

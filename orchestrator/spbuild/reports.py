@@ -42,14 +42,20 @@ def eval_summary(rows: Sequence[dict]) -> list[dict]:
     return summary
 
 
+def answer_agrees(row: dict) -> bool:
+    """The answers themselves are equal (rows of runs before the answer metric: their whole first lines)."""
+    return row.get("answer_agree", row["agree"])
+
+
 def _rates(group: Sequence[dict]) -> dict:
     ran = [r for r in group if r["status"] != "failed"]
     sparse = [r for r in ran if r["status"] == "active"]
-    kept_but_changed = [r for r in ran if r["evidence_retained"] and not r["agree"]]
+    kept_but_changed = [r for r in ran if r["evidence_retained"] and not answer_agrees(r)]
     kept_fraction = [r["n_kept"] / r["n_prompt"] for r in ran if r.get("n_kept") is not None and r["n_prompt"]]
     return {
         "cases": len(group), "failed": len(group) - len(ran), "sparse": len(sparse),
         "retention": rate([r["evidence_retained"] for r in ran]).as_dict(),
+        "answer_agreement": rate([answer_agrees(r) for r in ran]).as_dict(),
         "agreement": rate([r["agree"] for r in ran]).as_dict(),
         "spec_correct": rate([r["spec_correct"] for r in ran]).as_dict(),
         "full_correct": rate([r["full_correct"] for r in ran]).as_dict(),
@@ -66,13 +72,17 @@ def _cell(d: dict) -> str:
 
 def eval_markdown(rows: Sequence[dict]) -> str:
     out = ["## By setting", "",
-           "| setting | cases | kept (mean) | evidence retained | answer = full prefill's | correct (spec) | "
-           "correct (full) | still correct where full is | changed although kept | failed |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| setting | cases | kept (mean) | right answers kept | answer = full prefill's | first line = full "
+           "prefill's | evidence retained | correct (spec) | correct (full) | answer changed although kept | failed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in eval_summary(rows):
-        out.append(f"| {s['setting']} | {s['cases']} | {s['kept_fraction']:.1%} | {_cell(s['retention'])} | "
-                   f"{_cell(s['agreement'])} | {_cell(s['spec_correct'])} | {_cell(s['full_correct'])} | "
-                   f"{_cell(s['correct_kept'])} | {s['changed_although_kept']} | {s['failed']} |")
+        out.append(f"| {s['setting']} | {s['cases']} | {s['kept_fraction']:.1%} | {_cell(s['correct_kept'])} | "
+                   f"{_cell(s['answer_agreement'])} | {_cell(s['agreement'])} | {_cell(s['retention'])} | "
+                   f"{_cell(s['spec_correct'])} | {_cell(s['full_correct'])} | "
+                   f"{s['changed_although_kept']} | {s['failed']} |")
+    out += ["", "Right answers kept: correct with spec prefill where the full prefill is correct. Answer: the "
+            "generated text up to its sentence end, two words past the expected answer's; first line: "
+            "all of it, the text after the answer too. 95% Wilson intervals in brackets."]
     for title, field in (("length (asked tokens)", "n_tokens"), ("kind", "kind"), ("filler", "filler")):
         values = sorted({r[field] for r in rows}, key=lambda v: (isinstance(v, str), v))
         if len(values) < 2 and field != "n_tokens":
@@ -85,11 +95,20 @@ def eval_markdown(rows: Sequence[dict]) -> str:
             cells = []
             for v in values:
                 sub = [r for r in group if r[field] == v and r["status"] != "failed"]
-                agree, kept = rate([r["agree"] for r in sub]), rate([r["evidence_retained"] for r in sub])
+                agree, kept = rate([answer_agrees(r) for r in sub]), rate([r["evidence_retained"] for r in sub])
                 cells.append(f"{agree} / {kept.value:.0%}" if kept.n else str(agree))
             out.append(f"| {setting} | " + " | ".join(cells) + " |")
-    changed = [r for r in rows if r.get("evidence_retained") and not r.get("agree")]
-    stayed = [r for r in rows if r.get("evidence_retained") and r.get("agree") and r.get("status") == "active"]
+    lengths = sorted({r["n_tokens"] for r in rows})
+    out += ["", "## Right answers kept, by length (asked tokens)", "",
+            "| setting | " + " | ".join(f"{v:,}" for v in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for (setting,), group in sorted(_group(rows, lambda r: (r["setting"],)).items(),
+                                    key=lambda item: _setting_order(item[1][0])):
+        cells = [str(rate([r["spec_correct"] for r in group
+                           if r["n_tokens"] == v and r["status"] != "failed" and r["full_correct"]])) for v in lengths]
+        out.append(f"| {setting} | " + " | ".join(cells) + " |")
+    ran = [r for r in rows if r["status"] != "failed"]
+    changed = [r for r in ran if r.get("evidence_retained") and not answer_agrees(r)]
+    stayed = [r for r in ran if r.get("evidence_retained") and answer_agrees(r) and r.get("status") == "active"]
     if changed and any(r.get("context_kept") is not None for r in changed):
         out += ["", "## What else was kept, for answers with all their evidence kept", "",
                 f"| answers | cases | kept within {CONTEXT_TOKENS} tokens of the evidence | kept of the last {TAIL_TOKENS} tokens |",
@@ -100,8 +119,8 @@ def eval_markdown(rows: Sequence[dict]) -> str:
         out += ["", "## Answers that changed although every evidence line was kept", "",
                 "| case | setting | expected | full prefill | spec prefill |", "|---|---|---|---|---|"]
         for r in changed[:40]:
-            out.append(f"| {r['case']} | {r['setting']} | {r['answer']} | {_quote(r['full_answer'])} | "
-                       f"{_quote(r['spec_answer'])} |")
+            out.append(f"| {r['case']} | {r['setting']} | {r['answer']} | {_quote(r.get('full_answer_text', r['full_answer']))} | "
+                       f"{_quote(r.get('spec_answer_text', r['spec_answer']))} |")
         if len(changed) > 40:
             out.append(f"| ... {len(changed) - 40} more in results.json | | | | |")
     failed = [r for r in rows if r["status"] == "failed"]
@@ -127,13 +146,14 @@ def eval_plots(rows: Sequence[dict], out_dir: Path) -> list[Path]:
     keep_rows = [r for r in rows if r["select"] == "keep" and r["status"] != "failed"]
     if keep_rows:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-        for ax, (metric, title) in zip(axes, (("agree", "answer = full prefill's"), ("spec_correct", "answer correct"),
+        for ax, (metric, title) in zip(axes, (("answer_agree", "answer = full prefill's"), ("spec_correct", "answer correct"),
                                               ("evidence_retained", "evidence retained")), strict=True):
             for (variant, window), group in sorted(_group(keep_rows, lambda r: (r.get("variant", ""),
                                                                                   r["window"])).items()):
                 ps = sorted({r["value"] for r in group})
                 label = "full-prompt scoring" if window == 0 else f"windows of {window}"
-                ax.plot(ps, [rate([r[metric] for r in group if r["value"] == p]).value for p in ps], marker="o",
+                ax.plot(ps, [rate([answer_agrees(r) if metric == "answer_agree" else r[metric]
+                                   for r in group if r["value"] == p]).value for p in ps], marker="o",
                         label=f"{label}, {variant}" if variant else label)
             if metric == "spec_correct":
                 ps = sorted({r["value"] for r in keep_rows})
@@ -153,7 +173,7 @@ def eval_plots(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         for (setting,), group in sorted(_group(ran, lambda r: (r["setting"],)).items(),
                                         key=lambda item: _setting_order(item[1][0])):
             ns = sorted({r["n_tokens"] for r in group})
-            ax.plot(ns, [rate([r["agree"] for r in group if r["n_tokens"] == n]).value for n in ns], marker="o",
+            ax.plot(ns, [rate([answer_agrees(r) for r in group if r["n_tokens"] == n]).value for n in ns], marker="o",
                     label=setting)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r["n_tokens"] for r in ran}), [f"{n // 1024}K" if n >= 1024 else str(n)

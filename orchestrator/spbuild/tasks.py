@@ -17,9 +17,17 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from spbuild import source_tasks
+from spbuild.source_tasks import SOURCE_FILLER, SOURCE_KINDS
+
+# generated kinds, hidden in generated filler; and the kinds of real text (source_tasks), which bring their own
 KINDS = ("needle", "multikey", "multihop", "distributed", "temporal", "vartrack")
+ALL_KINDS = KINDS + SOURCE_KINDS
 FILLERS = ("prose", "logs", "code")
+# characters per token of C and C++ source, about (Qwen2.5 and Gemma 3): only the first estimate of a length uses it
+_SOURCE_CHARS_PER_TOKEN = 3.2
 
 
 @dataclass(frozen=True)
@@ -226,13 +234,39 @@ def _render(kind: str, filler: str, n_lines: int, depth: float, seed: int, chat:
     return f"{body}\n\nQuestion: {task.question}\nAnswer: {task.answer_prefix}", task
 
 
+def _source_case(kind: str, n_tokens: int, depth: float, seed: int, count_tokens: Callable[[str], int] | None,
+                 chat: bool, tree: Path) -> Case:
+    def prompt_of(n_chars: int) -> tuple[str, source_tasks.Question]:
+        rendered = source_tasks.render(tree, kind, n_chars, depth, seed)
+        q = rendered.question
+        if chat:
+            return f"{rendered.body}\n\nQuestion: {q.question}\nAnswer in one short sentence.", q
+        return f"{rendered.body}\n\nQuestion: {q.question}\nAnswer: {q.answer_prefix}", q
+
+    n_chars = round(n_tokens * _SOURCE_CHARS_PER_TOKEN)
+    prompt, q = prompt_of(n_chars)
+    if count_tokens is not None:
+        prompt, q = prompt_of(round(n_chars * n_tokens / max(1, count_tokens(prompt))))
+    return Case(id=f"{kind}-{SOURCE_FILLER}-{n_tokens}-d{round(depth * 100):02d}-s{seed}" + ("-chat" if chat else ""),
+                kind=kind, filler=SOURCE_FILLER, n_tokens=n_tokens, depth=depth, seed=seed, prompt=prompt,
+                question=q.question, answer=q.answer, evidence=q.evidence, chat=chat)
+
+
 def make_case(kind: str, filler: str, n_tokens: int, depth: float, seed: int = 0,
-              count_tokens: Callable[[str], int] | None = None, chat: bool = False) -> Case:
+              count_tokens: Callable[[str], int] | None = None, chat: bool = False,
+              source_tree: Path | None = None) -> Case:
     """A case of about n_tokens prompt tokens. With `count_tokens` (the model's tokenizer) the filler is sized in two
     steps, an estimate and one correction, so the prompt lands within a few percent of n_tokens; without it the length
-    is the estimate's. `chat`: the prompt is a user message ending with the question (see the module's docstring)."""
+    is the estimate's. `chat`: the prompt is a user message ending with the question (see the module's docstring).
+    The kinds of real text (SOURCE_KINDS) need the llama.cpp tree they are drawn from, and ignore `filler`."""
+    if kind in SOURCE_KINDS:
+        if source_tree is None:
+            raise ValueError(f"the {kind!r} kind is drawn from a llama.cpp tree: give its path (source_tree)")
+        if not 0.0 <= depth <= 1.0 or n_tokens < 64:
+            raise ValueError(f"depth must be within 0..1 and n_tokens at least 64, got {depth}, {n_tokens}")
+        return _source_case(kind, n_tokens, depth, seed, count_tokens, chat, source_tree)
     if kind not in _KIND_TASKS:
-        raise ValueError(f"unknown task kind {kind!r} (known: {', '.join(KINDS)})")
+        raise ValueError(f"unknown task kind {kind!r} (known: {', '.join(ALL_KINDS)})")
     if filler not in _FILLER_LINES:
         raise ValueError(f"unknown filler {filler!r} (known: {', '.join(FILLERS)})")
     if not 0.0 <= depth <= 1.0:
@@ -251,15 +285,17 @@ def make_case(kind: str, filler: str, n_tokens: int, depth: float, seed: int = 0
 
 
 def suite(kinds: Sequence[str], fillers: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
-          seeds: int = 1, count_tokens: Callable[[str], int] | None = None, chat: bool = False) -> list[Case]:
-    """Every kind at every length and depth, fillers taken in turn (a kind sees each filler across the depths)."""
+          seeds: int = 1, count_tokens: Callable[[str], int] | None = None, chat: bool = False,
+          source_tree: Path | None = None) -> list[Case]:
+    """Every kind at every length and depth, fillers taken in turn (a kind sees each filler across the depths; the
+    kinds of real text bring their own)."""
     cases = []
     for n in lengths:
         for k, kind in enumerate(kinds):
             for d, depth in enumerate(depths):
                 for seed in range(seeds):
                     filler = fillers[(k + d + seed) % len(fillers)]
-                    cases.append(make_case(kind, filler, n, depth, seed, count_tokens, chat))
+                    cases.append(make_case(kind, filler, n, depth, seed, count_tokens, chat, source_tree))
     return cases
 
 
@@ -286,13 +322,33 @@ def first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
 
 
+# an answer after its prefix is the expected answer's words and a few more: enough to tell "89423" from "8942" or
+# "89423-B", not the sentence that follows; in chat form the first sentence, up to a cap
+ANSWER_SLACK_WORDS = 2
+CHAT_ANSWER_WORDS = 40
+_SENTENCE_END = re.compile(r"[.!?;](?=\s|$)")
+_WRAPPING = " :\"'*`"
+
+
+def answer_text(case: Case, generated: str) -> str:
+    """The answer itself: the generated text up to its first sentence or line end, and for a completion (an answer
+    prefix before it) at most two words past the expected answer's; surrounding quotes, backticks and emphasis
+    dropped, white space collapsed. Two runs agree on the answer when these are equal."""
+    text = first_line(generated).lstrip(_WRAPPING)
+    end = _SENTENCE_END.search(text)
+    if end:
+        text = text[:end.start()]
+    limit = CHAT_ANSWER_WORDS if case.chat else len(case.answer.split()) + ANSWER_SLACK_WORDS
+    return " ".join(text.split()[:limit]).strip(_WRAPPING + ".,")
+
+
 def is_correct(case: Case, generated: str) -> bool:
     """The generated text (after the answer prefix) starts with the answer, as a whole word or number; in chat form
     (no answer prefix) the answer is anywhere in its first line, as a whole word or number."""
     text = first_line(generated).lstrip(" :\"'*")
-    answer = re.escape(case.answer) + r"(?![0-9A-Za-z])"
+    answer = re.escape(case.answer) + r"(?![0-9A-Za-z_])"
     if case.chat:
-        return re.search(r"(?<![0-9A-Za-z])" + answer, text) is not None
+        return re.search(r"(?<![0-9A-Za-z_])" + answer, text) is not None
     return re.match(answer, text) is not None
 
 

@@ -119,7 +119,13 @@ def test_the_summary_counts_answers_that_changed_although_the_evidence_was_kept(
     assert s["kept_fraction"] == pytest.approx(0.2, abs=0.001)
     assert [x["setting"] for x in reports.eval_summary(rows)] == ["p=0.1 full", "p=0.2 full"]  # by p
     table = reports.eval_markdown(rows)
-    assert "| p=0.2 full | 3 | 20.0% | 67% (2/3) | 33% (1/3) | 33% (1/3) | 100% (3/3) | 33% (1/3) | 1 | 0 |" in table
+    assert "| p=0.2 full | 3 | 20.0% | 33% (1/3) | 33% (1/3) | 33% (1/3) | 67% (2/3) | 33% (1/3) | 100% (3/3) | 1 | 0 |" \
+        in table
+    # the answer itself agrees where only the text after it differs: the answer column counts it, the first line not
+    rows[1].update(answer_agree=True, spec_correct=True)
+    s = {s["setting"]: s for s in reports.eval_summary(rows)}["p=0.2 full"]
+    assert (s["answer_agreement"]["k"], s["agreement"]["k"], s["changed_although_kept"]) == (2, 1, 0)
+    rows[1].update(answer_agree=False, spec_correct=False)
     assert "| needle-2048 | p=0.2 full | 52445 | `52445.` | `12445.` |" in table
     rows[0].update(context_kept=0.5, tail_kept=1.0)
     rows[1].update(context_kept=0.25, tail_kept=0.5)

@@ -165,3 +165,20 @@ def test_a_chat_case_is_a_user_message_ending_with_the_question_and_its_answer_m
     assert not tasks.is_correct(chat, f"The key of that vault is 1{chat.answer}.")  # another number
     assert not tasks.is_correct(completion, f"The key of that vault is {completion.answer}.")
     assert all(case.chat for case in tasks.suite(["needle"], ["prose"], [500], [0.5], chat=True))
+
+
+def test_the_answer_is_read_up_to_its_end_not_the_sentence_after_it():
+    case = tasks.make_case("needle", "prose", 300, 0.5, 0)
+    a = case.answer
+    # the continuation after the answer differs; the answers are the same
+    assert tasks.answer_text(case, f" {a}. The county library celebrated") == a
+    assert tasks.answer_text(case, f" {a}. The county library photographed") == a
+    assert tasks.answer_text(case, f" **{a}**\nmore") == a
+    # a longer or another number is another answer; two words past the answer's still count
+    assert tasks.answer_text(case, f" {a}7.") != a
+    assert tasks.answer_text(case, f" {a} and the code is 1") != a
+    assert tasks.answer_text(case, f" {a} and then a long tail of words") == \
+        tasks.answer_text(case, f" {a} and then another long tail")
+    assert tasks.answer_text(case, " 3.5 units") == "3.5 units"  # a decimal point is no sentence end
+    chat = tasks.make_case("needle", "prose", 300, 0.5, 0, chat=True)
+    assert tasks.answer_text(chat, f"The secret code is {a}. It was hidden in the text.") == f"The secret code is {a}"
