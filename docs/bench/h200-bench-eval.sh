@@ -27,7 +27,8 @@ case "$1" in
 build)
     rm -rf "$W/src" "$W/build" && unpack_tree "$W/src"
     cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure.log"
-    cmake --build "$W/build" --target llama-server llama-specprefill llama-bench -j 16 > "$W/build.log" 2>&1
+    cmake --build "$W/build" --target ${TARGETS:-llama-server llama-specprefill llama-bench} -j 16 > "$W/build.log" 2>&1
+    [ "${RANDOM_MODELS:-1}" = 1 ] || exit 0  # RANDOM_MODELS=0: the eval of real models needs none
     # trained context above 128K: a slot is capped at the model's training context, and a 131,072-token prompt needs
     # the answer's tokens beside it
     python3 -m spbuild.bench make-model --tree "$W/src" --shape 8b --ctx 262144 "$W/target.gguf" &

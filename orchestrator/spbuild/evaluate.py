@@ -297,6 +297,7 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "evidence_spans": [[s.start, s.stop] for s in spans],
         "kept_ranges": _ranges(sorted(kept)) if kept is not None else None,
         "timings": spec.timings,
+        "full_timings": full.timings,
     }
 
 
