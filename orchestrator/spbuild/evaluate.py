@@ -277,6 +277,7 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
     n_evidence = sum(len(s) for s in spans)
     n_evidence_kept = sum(1 for s in spans for i in s if kept is not None and i in kept)
     lines_kept = [kept is not None and all(i in kept for i in s) for s in spans]
+    full_text, spec_text = tasks.answer_text(case, full.text), tasks.answer_text(case, spec.text)
     return {
         "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
         "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
@@ -288,8 +289,7 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "evidence_retained": all(lines_kept) if kept is not None else None,
         "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
         "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
-        "full_answer_text": tasks.answer_text(case, full.text), "spec_answer_text": tasks.answer_text(case, spec.text),
-        "answer_agree": tasks.answer_text(case, full.text) == tasks.answer_text(case, spec.text),
+        "full_answer_text": full_text, "spec_answer_text": spec_text, "answer_agree": full_text == spec_text,
         "full_correct": tasks.is_correct(case, full.text), "spec_correct": tasks.is_correct(case, spec.text),
         # for looking into changed answers afterwards: what around the evidence and before the question was kept
         "context_kept": _share_kept(kept, _around(spans, CONTEXT_TOKENS, len(pieces))),

@@ -31,12 +31,18 @@ def _setting_order(row: dict) -> tuple:
     return (row["select"], row.get("variant", ""), row["window"], row["value"])
 
 
+def _by_setting(rows: Sequence[dict]) -> list[tuple[str, list[dict]]]:
+    """The rows of each setting, settings in table order (selection, variant, window, value)."""
+    groups = _group(rows, lambda r: (r["setting"],))
+    return [(setting, group) for (setting,), group in sorted(groups.items(),
+                                                             key=lambda item: _setting_order(item[1][0]))]
+
+
 def eval_summary(rows: Sequence[dict]) -> list[dict]:
     """Per setting: how many cases ran, and the rates of retention, agreement and correctness; also the number of
     answers that changed although every evidence line was kept."""
     summary = []
-    by_setting = _group(rows, lambda r: (r["setting"],))
-    for (setting,), group in sorted(by_setting.items(), key=lambda item: _setting_order(item[1][0])):
+    for setting, group in _by_setting(rows):
         summary.append({"setting": setting, "select": group[0]["select"], "value": group[0]["value"],
                         "window": group[0]["window"], **_rates(group)})
     return summary
@@ -90,8 +96,7 @@ def eval_markdown(rows: Sequence[dict]) -> str:
         out += ["", f"## Answer = full prefill's, and evidence retained, by {title}", "",
                 "| setting | " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in values) + " |",
                 "|---|" + "---|" * len(values)]
-        by_setting = _group(rows, lambda r: (r["setting"],))
-        for (setting,), group in sorted(by_setting.items(), key=lambda item: _setting_order(item[1][0])):
+        for setting, group in _by_setting(rows):
             cells = []
             for v in values:
                 sub = [r for r in group if r[field] == v and r["status"] != "failed"]
@@ -101,8 +106,7 @@ def eval_markdown(rows: Sequence[dict]) -> str:
     lengths = sorted({r["n_tokens"] for r in rows})
     out += ["", "## Right answers kept, by length (asked tokens)", "",
             "| setting | " + " | ".join(f"{v:,}" for v in lengths) + " |", "|---|" + "---|" * len(lengths)]
-    for (setting,), group in sorted(_group(rows, lambda r: (r["setting"],)).items(),
-                                    key=lambda item: _setting_order(item[1][0])):
+    for setting, group in _by_setting(rows):
         cells = [str(rate([r["spec_correct"] for r in group
                            if r["n_tokens"] == v and r["status"] != "failed" and r["full_correct"]])) for v in lengths]
         out.append(f"| {setting} | " + " | ".join(cells) + " |")
@@ -170,8 +174,7 @@ def eval_plots(rows: Sequence[dict], out_dir: Path) -> list[Path]:
     ran = [r for r in rows if r["status"] != "failed"]
     if len({r["n_tokens"] for r in ran}) > 1:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for (setting,), group in sorted(_group(ran, lambda r: (r["setting"],)).items(),
-                                        key=lambda item: _setting_order(item[1][0])):
+        for setting, group in _by_setting(ran):
             ns = sorted({r["n_tokens"] for r in group})
             ax.plot(ns, [rate([answer_agrees(r) for r in group if r["n_tokens"] == n]).value for n in ns], marker="o",
                     label=setting)

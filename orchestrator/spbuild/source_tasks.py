@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -82,6 +83,9 @@ _PARAM = re.compile(r"^\s*(?:const\s+)?(?:struct\s+)?[A-Za-z_][\w:<>]*(?:\s*[*&]
                     r"([a-z_][a-z0-9_]*)\s*(?:=.*)?$")
 
 
+# the kinds that ask a named constant's value: its pattern (name, value), what it is called, the answer prefix's verb
+_CONSTANTS = {"define": (_DEFINE, "macro", "is defined as"), "enum": (_ENUM, "enum constant", "is")}
+
 # answers a model could guess without reading: one-digit values, and the commonest first-parameter names
 _MIN_VALUE = 10
 _COMMON_PARAMS = 12
@@ -98,42 +102,30 @@ def questions(tree: Path, kind: str) -> tuple[Question, ...]:
             question = _question(kind, index, number, source.lines)
             if question:
                 found.append(question)
-    counts: dict[str, int] = {}
-    for q in found:
-        counts[q.key] = counts.get(q.key, 0) + 1
+    counts = Counter(q.key for q in found)
     unique = [q for q in found if counts[q.key] == 1]
     if kind == "param":
-        names: dict[str, int] = {}
-        for q in unique:
-            names[q.answer] = names.get(q.answer, 0) + 1
-        common = set(sorted(names, key=lambda n: -names[n])[:_COMMON_PARAMS])
+        common = {name for name, _ in Counter(q.answer for q in unique).most_common(_COMMON_PARAMS)}
         unique = [q for q in unique if q.answer not in common and len(q.answer) >= 3]
     return tuple(unique)
 
 
 def _question(kind: str, index: int, number: int, lines: Sequence[str]) -> Question | None:
     line = lines[number]
-    if kind == "define":
-        m = _DEFINE.match(line)
+    if kind in _CONSTANTS:
+        pattern, what, verb = _CONSTANTS[kind]
+        m = pattern.match(line)
         if m:
             name, value = m.group(1), m.group(2).rstrip("uUlL")
             if abs(int(value)) < _MIN_VALUE:
                 return None
-            return Question(kind, name, f"What is the value of the macro {name}?", f"{name} is defined as", value,
-                            index, number, (line,))
-    elif kind == "enum":
-        m = _ENUM.match(line)
-        if m:
-            name, value = m.group(1), m.group(2)
-            if abs(int(value)) < _MIN_VALUE:
-                return None
-            return Question(kind, name, f"What is the value of the enum constant {name}?", f"{name} is", value,
+            return Question(kind, name, f"What is the value of the {what} {name}?", f"{name} {verb}", value,
                             index, number, (line,))
     elif kind == "docfn":
         m = _COMMENT.match(line)
         following = lines[number + 1] if number + 1 < len(lines) else ""
         d = _DEFINITION.match(following)
-        if m and d and not lines[number - 1].lstrip().startswith("//"):
+        if m and d and (number == 0 or not lines[number - 1].lstrip().startswith("//")):
             comment = m.group(1)
             return Question(kind, comment, f"Which function is described by the comment \"{comment}\"?",
                             "The function is", d.group(1), index, number, (line, following))

@@ -259,20 +259,18 @@ def make_case(kind: str, filler: str, n_tokens: int, depth: float, seed: int = 0
     steps, an estimate and one correction, so the prompt lands within a few percent of n_tokens; without it the length
     is the estimate's. `chat`: the prompt is a user message ending with the question (see the module's docstring).
     The kinds of real text (SOURCE_KINDS) need the llama.cpp tree they are drawn from, and ignore `filler`."""
-    if kind in SOURCE_KINDS:
-        if source_tree is None:
-            raise ValueError(f"the {kind!r} kind is drawn from a llama.cpp tree: give its path (source_tree)")
-        if not 0.0 <= depth <= 1.0 or n_tokens < 64:
-            raise ValueError(f"depth must be within 0..1 and n_tokens at least 64, got {depth}, {n_tokens}")
-        return _source_case(kind, n_tokens, depth, seed, count_tokens, chat, source_tree)
-    if kind not in _KIND_TASKS:
+    if kind not in _KIND_TASKS and kind not in SOURCE_KINDS:
         raise ValueError(f"unknown task kind {kind!r} (known: {', '.join(ALL_KINDS)})")
-    if filler not in _FILLER_LINES:
+    if kind in SOURCE_KINDS and source_tree is None:
+        raise ValueError(f"the {kind!r} kind is drawn from a llama.cpp tree: give its path (source_tree)")
+    if kind in _KIND_TASKS and filler not in _FILLER_LINES:
         raise ValueError(f"unknown filler {filler!r} (known: {', '.join(FILLERS)})")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be within 0..1, got {depth}")
     if n_tokens < 64:
         raise ValueError(f"a case needs at least 64 tokens, got {n_tokens}")
+    if kind in SOURCE_KINDS:
+        return _source_case(kind, n_tokens, depth, seed, count_tokens, chat, source_tree)
     n_lines = max(4, round(n_tokens / _TOKENS_PER_LINE[filler]))
     prompt, task = _render(kind, filler, n_lines, depth, seed, chat)
     if count_tokens is not None:
