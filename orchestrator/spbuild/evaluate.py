@@ -278,6 +278,7 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
     n_evidence_kept = sum(1 for s in spans for i in s if kept is not None and i in kept)
     lines_kept = [kept is not None and all(i in kept for i in s) for s in spans]
     full_text, spec_text = tasks.answer_text(case, full.text), tasks.answer_text(case, spec.text)
+    full_correct, spec_correct = tasks.is_correct(case, full.text), tasks.is_correct(case, spec.text)
     return {
         "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
         "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
@@ -289,8 +290,8 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "evidence_retained": all(lines_kept) if kept is not None else None,
         "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
         "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
-        "full_answer_text": full_text, "spec_answer_text": spec_text, "answer_agree": full_text == spec_text,
-        "full_correct": tasks.is_correct(case, full.text), "spec_correct": tasks.is_correct(case, spec.text),
+        "full_answer_text": full_text, "spec_answer_text": spec_text, "answer_agree": tasks.answers_agree(full_text, full_correct, spec_text, spec_correct),
+        "full_correct": full_correct, "spec_correct": spec_correct,
         # for looking into changed answers afterwards: what around the evidence and before the question was kept
         "context_kept": _share_kept(kept, _around(spans, CONTEXT_TOKENS, len(pieces))),
         "tail_kept": _share_kept(kept, range(max(0, len(pieces) - TAIL_TOKENS), len(pieces))),

@@ -16,23 +16,25 @@ from spbuild.console import console, info, log_path, run_logged
 from spbuild.errors import ToolMissing
 
 # the packages behind each of the doctor's advice keys, per package manager
+# warnings worth an install: no Vulkan device (Mesa's drivers), no ccache, no Node.js for the tests' workflow lint
+INSTALLED_ON_WARNING = ("vulkan-device", "ccache", "node")
 PACKAGES: dict[str, dict[str, tuple[str, ...]]] = {
     "apt-get": {
         "compiler": ("build-essential",), "git": ("git",), "ccache": ("ccache",),
         "vulkan-headers": ("libvulkan-dev",), "vulkan-loader": ("libvulkan-dev",), "glslc": ("glslc",),
         "spirv-headers": ("spirv-headers",), "vulkan-device": ("vulkan-tools", "mesa-vulkan-drivers"),
-        "nvcc": ("nvidia-cuda-toolkit",),
+        "nvcc": ("nvidia-cuda-toolkit",), "node": ("nodejs", "npm"),
     },
     "dnf": {
         "compiler": ("gcc", "gcc-c++"), "git": ("git",), "ccache": ("ccache",),
         "vulkan-headers": ("vulkan-headers", "vulkan-loader-devel"), "vulkan-loader": ("vulkan-loader-devel",),
         "glslc": ("glslc",), "spirv-headers": ("spirv-headers-devel",),
-        "vulkan-device": ("vulkan-tools", "mesa-vulkan-drivers"),
+        "vulkan-device": ("vulkan-tools", "mesa-vulkan-drivers"), "node": ("nodejs", "npm"),
     },
     "brew": {
         "git": ("git",), "ccache": ("ccache",), "vulkan-headers": ("vulkan-headers", "vulkan-loader", "molten-vk"),
         "vulkan-loader": ("vulkan-loader", "molten-vk"), "glslc": ("shaderc",), "spirv-headers": ("spirv-headers",),
-        "vulkan-device": ("vulkan-tools", "molten-vk"),
+        "vulkan-device": ("vulkan-tools", "molten-vk"), "node": ("node",),
     },
 }
 PIP_PACKAGES = {"cmake": "cmake", "ninja": "ninja"}
@@ -63,10 +65,10 @@ class Plan:
 
 
 def plan(report: doctor.Report, manager: str | None, root: bool | None = None) -> Plan:
-    """The commands that install what `report` misses (failures, and a missing Vulkan device or ccache)."""
+    """The commands that install what `report` misses (failures, and the warnings of INSTALLED_ON_WARNING)."""
     root = os.geteuid() == 0 if root is None and hasattr(os, "geteuid") else bool(root)
     wanted = [c for c in report.checks if c.status == doctor.FAIL or
-              (c.status == doctor.WARN and c.advice_key in ("vulkan-device", "ccache"))]
+              (c.status == doctor.WARN and c.advice_key in INSTALLED_ON_WARNING)]
     system, pip, cannot = [], [], []
     for check in wanted:
         key = check.advice_key or ""
@@ -91,11 +93,12 @@ def plan(report: doctor.Report, manager: str | None, root: bool | None = None) -
     return Plan(commands, cannot)
 
 
-def fix(backend: str, logs_dir: Path) -> doctor.Report:
-    """Install what the doctor misses for `backend`, then diagnose again; the report afterwards."""
+def fix(backend: str, logs_dir: Path, *, tests: bool = False) -> doctor.Report:
+    """Install what the doctor misses for `backend` (and, with `tests`, what the test suite needs beyond the build),
+    then diagnose again; the report afterwards."""
     # with the device probe: a machine without a Vulkan driver gets Mesa's (the driver of AMD and Intel GPUs, and
     # lavapipe, the CPU device the tests use)
-    report = doctor.diagnose(backend, probe_device=True)
+    report = doctor.diagnose(backend, probe_device=True, tests=tests)
     manager = package_manager()
     steps = plan(report, manager)
     if steps.cannot and not steps.commands:
@@ -107,7 +110,7 @@ def fix(backend: str, logs_dir: Path) -> doctor.Report:
             code = run_logged(argv, log)
         if code != 0:
             raise ToolMissing(f"`{' '.join(argv)}` failed (exit code {code})", hint=f"Full log: {log}")
-    after = doctor.diagnose(backend, probe_device=False)
+    after = doctor.diagnose(backend, probe_device=False, tests=tests)
     if after.failures:
         left = ", ".join(c.name for c in after.failures)
         raise ToolMissing(f"still missing after the install: {left}", hint="; ".join(steps.cannot) or f"Log: {log}")

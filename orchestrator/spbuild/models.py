@@ -11,6 +11,8 @@ Needs only NumPy and gguf-py, so it also runs on a GPU machine that has nothing 
 
 from __future__ import annotations
 
+import functools
+
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,15 @@ def _gguf(tree: Path):
     return gguf
 
 
+@functools.cache
+def _tokenizer_fields(tree: Path) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """The llama-bpe vocabulary's tokenizer fields (key, contents, type, element type), read once per process: gguf-py
+    takes about 10 s to parse its 400,000 strings, most of a tiny model's making."""
+    vocab = _gguf(tree).GGUFReader(str(tree / "models" / "ggml-vocab-llama-bpe.gguf"))
+    return tuple((key, field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
+                 for key, field in vocab.fields.items() if key.startswith("tokenizer."))
+
+
 class _Model:
     """A GGUF being written: the llama-bpe vocabulary, common hyperparameters, and random F16 weights drawn from one
     pool (norms are ones, in F32)."""
@@ -54,13 +65,11 @@ class _Model:
         self.writer.add_context_length(n_ctx_train)
         self.writer.add_layer_norm_rms_eps(1e-5)
         self.writer.add_file_type(self.gguf.LlamaFileType.ALL_F32 if f32 else self.gguf.LlamaFileType.MOSTLY_F16)
-        vocab = self.gguf.GGUFReader(str(tree / "models" / "ggml-vocab-llama-bpe.gguf"))
-        self.n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
+        tokenizer = _tokenizer_fields(tree)
+        self.n_vocab = len(next(values for key, values, _, _ in tokenizer if key == "tokenizer.ggml.tokens"))
         self.writer.add_vocab_size(self.n_vocab)
-        for key, field in vocab.fields.items():
-            if key.startswith("tokenizer."):
-                sub = field.types[1] if len(field.types) > 1 else None
-                self.writer.add_key_value(key, field.contents(), field.types[0], sub)
+        for key, values, kind, sub in tokenizer:
+            self.writer.add_key_value(key, values, kind, sub)
         if mask_token:
             # DFlash denoises a block of mask tokens; llama-bpe reserves special tokens from 128002 on
             self.writer.add_mask_token_id(128002)

@@ -43,6 +43,11 @@ class Project:
     def series_file(self) -> Path:
         return self.patches_dir / "series"
 
+    @property
+    def has_tests(self) -> bool:
+        """A checkout with the test suite (an installed spbuild carries none)."""
+        return self.is_checkout and (self.root / "tests").is_dir()
+
     @classmethod
     def locate(cls, explicit: Path | None = None, start: Path | None = None) -> Project:
         """The project given explicitly or by $SPBUILD_PROJECT, else the checkout around `start`, else the wheel's copy."""

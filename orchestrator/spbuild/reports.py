@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from spbuild import tasks
 from spbuild.errors import SpbuildError
 from spbuild.evaluate import CONTEXT_TOKENS, TAIL_TOKENS
 from spbuild.stats import Rate, rate
@@ -49,8 +50,11 @@ def eval_summary(rows: Sequence[dict]) -> list[dict]:
 
 
 def answer_agrees(row: dict) -> bool:
-    """The answers themselves are equal (rows of runs before the answer metric: their whole first lines)."""
-    return row.get("answer_agree", row["agree"])
+    """The answers agree (tasks.answers_agree; rows of runs before the answer metric: their whole first lines)."""
+    if "full_answer_text" not in row:
+        return row.get("answer_agree", row["agree"])
+    return tasks.answers_agree(row["full_answer_text"], row["full_correct"], row["spec_answer_text"],
+                               row["spec_correct"])
 
 
 def _rates(group: Sequence[dict]) -> dict:

@@ -340,6 +340,12 @@ def answer_text(case: Case, generated: str) -> str:
     return " ".join(text.split()[:limit]).strip(_WRAPPING + ".,")
 
 
+def answers_agree(full_text: str, full_correct: bool, spec_text: str, spec_correct: bool) -> bool:
+    """Two answers (answer_text) agree when they are equal, or when both give the expected answer: an instruct model's
+    "X is defined as 16" and "X is set to 16" are the same answer in other words."""
+    return full_text == spec_text or (full_correct and spec_correct)
+
+
 def is_correct(case: Case, generated: str) -> bool:
     """The generated text (after the answer prefix) starts with the answer, as a whole word or number; in chat form
     (no answer prefix) the answer is anywhere in its first line, as a whole word or number."""

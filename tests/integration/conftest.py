@@ -136,6 +136,37 @@ def gemma_q4_0(build: Build, gemma: Path, workspace: Workspace) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def gemma_needles(build: Build, gemma: Path, gemma_q4_0: Path, tmp_path_factory) -> list[dict]:
+    """The needle sweep (needles.SWEEP) through llama-specprefill at p=0.2, each prompt with its full prefill beside it
+    (--baseline): Gemma 3 270M as target, scored by itself on even cases and by its Q4_0 requantisation on odd ones.
+    Once per run: test_gemma_needle.py asserts the tool's marks, test_server_gemma_needle.py compares the server's
+    answers with these full prefills."""
+    from needles import SWEEP, make_needle
+    from spbuild.tasks import token_span
+
+    tool = SpecPrefillTool(build.binary("llama-specprefill"), tmp_path_factory.mktemp("gemma-needles"))
+    results = []
+    for i, (n_sentences, depth, seed) in enumerate(SWEEP):
+        needle = make_needle(n_sentences, depth, seed)
+        draft = gemma if i % 2 == 0 else gemma_q4_0
+        run = tool.run("-m", gemma, "-mpd", draft, "--device", "none", "-c", "8192", "-n", "6", "--temp", "0",
+                       "--spec-prefill-p", "0.2", "--spec-prefill-min-tokens", "256", "--baseline",
+                       prompt=needle.prompt, timeout=900)
+        assert run.returncode == 0, run.stderr[-2000:]
+        report = run.report
+        span = token_span(report["prompt_pieces"], needle.needle)
+        kept = set(report["kept"])
+        results.append({
+            "seed": seed, "draft": "self" if draft == gemma else "q4_0", "prompt": needle.prompt,
+            "n_prompt": report["n_prompt"], "status": report["status"],
+            "needle_kept": all(i in kept for i in span),
+            "answer": report["run"]["text"], "full_answer": report["baseline"]["text"],
+            "same_answer": report["run"]["text"] == report["baseline"]["text"], "code": needle.code,
+        })
+    return results
+
+
 @pytest.fixture
 def tool(build: Build, tmp_path: Path) -> SpecPrefillTool:
     return SpecPrefillTool(build.binary("llama-specprefill"), tmp_path)

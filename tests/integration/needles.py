@@ -36,6 +36,11 @@ class Needle:
     needle: str  # the sentence holding the code, as it appears in the prompt
 
 
+# The Gemma 3 270M sweep (conftest.py's gemma_needles, read by test_gemma_needle.py and test_server_gemma_needle.py):
+# 20 prompts from about 1,000 to 2,500 tokens, needles at depths spread over 10-90%
+SWEEP = [(100 + 150 * i // 19, 0.1 + 0.8 * ((i * 7) % 20) / 19, 1000 + i) for i in range(20)]
+
+
 def make_needle(n_sentences: int, depth: float, seed: int) -> Needle:
     """A prompt of about n_sentences filler sentences with the needle at `depth` (0..1) of the way through."""
     rng = random.Random(seed)

@@ -1,20 +1,17 @@
-"""The real Gemma 3 270M as target and prefill draft behind llama-server: needle prompts of 1K-2.5K tokens answered the
-same with and without speculative prefill (p=0.2), through /completion and /v1/chat/completions."""
+"""The real Gemma 3 270M as target and prefill draft behind llama-server: the needle sweep's prompts (1K-2.5K tokens)
+answered with speculative prefill (p=0.2) as the full prefill answers them, through /completion and
+/v1/chat/completions in turn. The full prefill's answers are the tool's (conftest.py gemma_needles: same model, same
+tokens, greedy, on the CPU); that the server's own full prefill gives the same is checked on one prompt per endpoint."""
 
 from __future__ import annotations
 
 import pytest
 
-from needles import make_needle
-
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 
-# 20 prompts from about 1,000 to 2,500 tokens, needles at depths spread over 10-90%; every other one through the chat
-# endpoint. Gemma 3 270M is a base model without a chat template: a template that passes the user's message through
-# gives it the prompt it knows (with the server's default template it answers noise, with or without spec prefill)
+# Gemma 3 270M is a base model without a chat template: a template that passes the user's message through gives it
+# the prompt it knows (with the server's default template it answers noise, with or without spec prefill)
 PASS_THROUGH = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
-CASES = [(100 + 150 * i // 19, 0.1 + 0.8 * ((i * 7) % 20) / 19, 2000 + i, "chat" if i % 2 else "completion")
-         for i in range(20)]
 
 
 def _answer(server, endpoint: str, prompt: str, spec_prefill: dict) -> tuple[str, dict]:
@@ -31,8 +28,12 @@ def _answer(server, endpoint: str, prompt: str, spec_prefill: dict) -> tuple[str
     return body["content"], body["timings"]
 
 
+def _endpoint(index: int) -> str:
+    return "chat" if index % 2 else "completion"
+
+
 @pytest.fixture(scope="module")
-def outcomes(build, gemma, tmp_path_factory):
+def outcomes(build, gemma, gemma_needles, tmp_path_factory):
     from harness import ServerProcess
 
     log = tmp_path_factory.mktemp("gemma-server") / "server.log"
@@ -43,13 +44,15 @@ def outcomes(build, gemma, tmp_path_factory):
     try:
         server.wait_ready(600)
         results = []
-        for n_sentences, depth, seed, endpoint in CASES:
-            needle = make_needle(n_sentences, depth, seed)
-            full, _ = _answer(server, endpoint, needle.prompt, {"enabled": False})
-            sparse, timings = _answer(server, endpoint, needle.prompt, {"enabled": True})
-            results.append({"seed": seed, "endpoint": endpoint, "status": timings["spec_prefill"]["status"],
-                            "n_prompt": timings["spec_prefill"]["n_prompt"], "full": full, "sparse": sparse,
-                            "code": needle.code})
+        for i, needle in enumerate(gemma_needles):
+            endpoint = _endpoint(i)
+            # the first prompt of each endpoint also with a full prefill: the reference the others take from the tool
+            full = _answer(server, endpoint, needle["prompt"], {"enabled": False})[0] if i < 2 else None
+            sparse, timings = _answer(server, endpoint, needle["prompt"], {"enabled": True})
+            results.append({"seed": needle["seed"], "endpoint": endpoint, "status": timings["spec_prefill"]["status"],
+                            "n_prompt": timings["spec_prefill"]["n_prompt"], "tool_n_prompt": needle["n_prompt"],
+                            "full": needle["full_answer"], "server_full": full, "sparse": sparse,
+                            "code": needle["code"]})
         return results
     finally:
         server.stop()
@@ -58,6 +61,14 @@ def outcomes(build, gemma, tmp_path_factory):
 def test_every_prompt_is_scored(outcomes):
     assert all(o["status"] == "active" for o in outcomes), outcomes
     assert min(o["n_prompt"] for o in outcomes) >= 900 and max(o["n_prompt"] for o in outcomes) <= 2800
+    # both endpoints tokenize the prompt as the tool does
+    assert all(o["n_prompt"] == o["tool_n_prompt"] for o in outcomes), outcomes
+
+
+def test_the_servers_full_prefill_answers_as_the_tools(outcomes):
+    checked = [o for o in outcomes if o["server_full"] is not None]
+    assert {o["endpoint"] for o in checked} == {"completion", "chat"}
+    assert all(o["server_full"] == o["full"] for o in checked), checked
 
 
 def test_answers_match_the_full_prefill(outcomes):

@@ -16,6 +16,9 @@ CPU = ("--device", "none")
 # the tiny models' trained context is 256: give the target and the draft room for the test prompts
 ROOMY = ("-c", "8192", "--spec-prefill-ctx", "16384")
 PROMPT = words_prompt(2400)  # about 2,700 tokens of the test tokenizer
+# lavapipe runs a tiny model's prefill at about 250 tokens/s: the Vulkan checks compare scores, which needs no more
+# than a few hundred tokens (20 chunks)
+VULKAN_PROMPT_WORDS = 600
 
 
 def run_tool(tool, model, *args, prompt=PROMPT, device=CPU, env=None, log=None):
@@ -170,9 +173,10 @@ def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, ar
     if build.record.backend != "vulkan":
         pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
     log: list[str] = []
-    on_gpu = run_tool(tool, tiny_models[arch], "-fa", fa, device=("-ngl", "99", "-nglpd", "99"),
+    prompt = words_prompt(VULKAN_PROMPT_WORDS)
+    on_gpu = run_tool(tool, tiny_models[arch], "-fa", fa, prompt=prompt, device=("-ngl", "99", "-nglpd", "99"),
                       env={"GGML_VK_VISIBLE_DEVICES": "0", "LLAMA_SPEC_PREFILL_GRAPH_GROUP_MB": group_mb}, log=log)
-    on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
+    on_cpu = run_tool(tool, tiny_models[arch], "-fa", "off", prompt=prompt, env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
     assert "attention rows are reduced on Vulkan0" in log[0]
     assert on_gpu["reduced_on"] == "Vulkan0"
     a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
@@ -185,13 +189,13 @@ def test_grouped_query_heads_on_a_vulkan_device_score_like_the_cpu(build, tool, 
     the CPU's plain path reduced on the host."""
     if build.record.backend != "vulkan":
         pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
-    args = ("--spec-prefill-window", "1024")
-    prompt = bench.make_prompt(3000)
+    args = ("--spec-prefill-window", "512")
+    prompt = bench.make_prompt(1500)
     on_gpu = run_tool(tool, bpe_models["draft"], "-fa", "on", *args, prompt=prompt, device=("-ngl", "99", "-nglpd", "99"),
                       env={"GGML_VK_VISIBLE_DEVICES": "0"})
     on_cpu = run_tool(tool, bpe_models["draft"], "-fa", "off", *args, prompt=prompt,
                       env={"LLAMA_SPEC_PREFILL_SCORING": "host"})
-    assert on_gpu["reduced_on"] == "Vulkan0" and on_gpu["n_windows"] == 3
+    assert on_gpu["reduced_on"] == "Vulkan0" and on_gpu["n_windows"] >= 2, on_gpu["n_windows"]
     a, b = np.array(on_gpu["scores"]), np.array(on_cpu["scores"])
     assert np.allclose(a, b, rtol=1e-3, atol=1e-7), float(np.max(np.abs(a - b) / b))
 

