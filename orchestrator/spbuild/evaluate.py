@@ -290,7 +290,8 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
         "evidence_retained": all(lines_kept) if kept is not None else None,
         "answer": case.answer, "full_answer": tasks.first_line(full.text), "spec_answer": tasks.first_line(spec.text),
         "agree": tasks.first_line(full.text) == tasks.first_line(spec.text),
-        "full_answer_text": full_text, "spec_answer_text": spec_text, "answer_agree": tasks.answers_agree(full_text, full_correct, spec_text, spec_correct),
+        "full_answer_text": full_text, "spec_answer_text": spec_text,
+        "answer_agree": tasks.answers_agree(full_text, full_correct, spec_text, spec_correct),
         "full_correct": full_correct, "spec_correct": spec_correct,
         # for looking into changed answers afterwards: what around the evidence and before the question was kept
         "context_kept": _share_kept(kept, _around(spans, CONTEXT_TOKENS, len(pieces))),
