@@ -63,6 +63,7 @@ struct common_spec_prefill {
     common_params_spec_prefill params;
     enum spec_prefill_scoring scoring = SPEC_PREFILL_SCORING_AUTO;
 
+    bool    warmup = true; // run each new draft context's graphs once before its first prompt (--no-warmup: not)
     int32_t n_threads;
     int32_t n_threads_batch;
     int32_t n_batch;
@@ -475,6 +476,7 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->n_layer         = llama_model_n_layer(model);
     sp->n_swa           = llama_model_n_swa(model);
     sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model);
+    sp->warmup          = params.warmup;
     sp->model           = model;
     sp->model_owned     = std::move(model_owned);
     sp->layer_usable.assign(sp->n_layer, 0);
@@ -742,7 +744,9 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     sp->ctx_n_seq   = n_seq;
     sp->ctx_n_cells = (int32_t) llama_n_ctx_seq(sp->ctx.get());
     sp->n_ctx_created++;
-    spec_prefill_warmup(sp);
+    if (sp->warmup) {
+        spec_prefill_warmup(sp);
+    }
     return true;
 }
 

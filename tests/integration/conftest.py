@@ -152,7 +152,7 @@ def gemma_needles(build: Build, gemma: Path, gemma_q4_0: Path, tmp_path_factory)
         draft = gemma if i % 2 == 0 else gemma_q4_0
         run = tool.run("-m", gemma, "-mpd", draft, "--device", "none", "-c", "8192", "-n", "6", "--temp", "0",
                        "--spec-prefill-p", "0.2", "--spec-prefill-min-tokens", "256", "--baseline",
-                       prompt=needle.prompt, timeout=900)
+                       "--no-warmup", prompt=needle.prompt, timeout=900)
         assert run.returncode == 0, run.stderr[-2000:]
         report = run.report
         span = token_span(report["prompt_pieces"], needle.needle)

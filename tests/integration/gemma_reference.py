@@ -97,7 +97,8 @@ class Gemma3:
             gelu = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
             ff = (gelu * up) @ w[p + "ffn_down.weight"].T
             x = self._norm(ff, w[p + "post_ffw_norm.weight"]) + sa
-        last = self._norm(x[-1:], w["output_norm.weight"])[0].astype(np.float64)
-        logits = w["token_embd.weight"].astype(np.float64) @ last
+        last = self._norm(x[-1:], w["output_norm.weight"])[0]
+        # in float32 (a float64 copy of the 262K-row embedding took a second a call), then the softmax in float64
+        logits = (w["token_embd.weight"] @ last).astype(np.float64)
         logits -= logits.max()
         return logits - np.log(np.exp(logits).sum())

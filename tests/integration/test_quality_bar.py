@@ -31,7 +31,7 @@ def quality_rows(build, gemma, tmp_path_factory) -> tuple[float, list[dict]]:
     out = tmp_path_factory.mktemp("quality-bar")
     bin_dir = build.binary("llama-server").parent
     backend = evaluate.ServerBackend(bin_dir, gemma, gemma, int(max(tasks.QUALITY_BAR_LENGTHS) * 1.1) + 256,
-                                     ["--device", "none"], out / "server.log")
+                                     ["--device", "none", "--no-warmup"], out / "server.log")
     try:
         p = backend.server.request("GET", "/props").json()["spec_prefill"]["p"]
         cases = tasks.quality_bar(backend.count_tokens)

@@ -38,8 +38,9 @@ def outcomes(build, gemma, gemma_needles, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("gemma-server") / "server.log"
     server = ServerProcess(build.binary("llama-server"), ["-m", str(gemma), "-mpd", str(gemma), "--device", "none",
-                                                           "-c", "8192", "-np", "1", "--spec-prefill-p", "0.2",
-                                                           "--spec-prefill-min-tokens", "256", "--jinja",
+                                                           "--no-warmup", "-c", "8192", "-np", "1",
+                                                           "--spec-prefill-p", "0.2", "--spec-prefill-min-tokens", "256",
+                                                           "--jinja",
                                                            "--chat-template", PASS_THROUGH], log=log)
     try:
         server.wait_ready(600)

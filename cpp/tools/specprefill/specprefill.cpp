@@ -22,6 +22,7 @@
 // this tool's own options, taken out of argv before the common parser sees it
 struct tool_options {
     bool        baseline = false;
+    bool        warmup   = true; // --no-warmup: no warm-up runs before the clock (quicker, the first TTFT cold)
     int         repeat   = 1;
     std::string json_path;
 };
@@ -31,6 +32,8 @@ static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--baseline") == 0) {
             opts.baseline = true;
+        } else if (strcmp(argv[i], "--no-warmup") == 0) {
+            opts.warmup = false;
         } else if (strcmp(argv[i], "--repeat") == 0) {
             opts.repeat = i + 1 < argc ? atoi(argv[++i]) : 0;
             if (opts.repeat < 1) {
@@ -49,7 +52,9 @@ static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
                        "  --baseline     also prefill the whole prompt in this process and compare the TTFTs\n"
                        "  --repeat N     run the prompt N times (each with its baseline) and report the last run, as a\n"
                        "                 long-running server would see it; every run's TTFT is printed\n"
-                       "  --json FILE    write the kept positions, the per-token scores and the timings as JSON\n\n");
+                       "  --json FILE    write the kept positions, the per-token scores and the timings as JSON\n"
+                       "  --no-warmup    no warm-up runs of the target and the draft before the clock: a quicker\n"
+                       "                 start, with first-use costs in the TTFTs (for checks of what is kept)\n\n");
             }
             argv[out++] = argv[i];
         }
@@ -180,6 +185,7 @@ static int run(int argc, char ** argv) {
         return 1;
     }
     params.spec_prefill.enabled = true;
+    params.warmup               = opts.warmup;
 
     if (params.prompt.empty()) {
         LOG_ERR("error: empty prompt: pass -p PROMPT or -f FILE\n");
@@ -232,7 +238,7 @@ static int run(int argc, char ** argv) {
     }
     // a warm process, as a server is: the target's prefill kernels run once before the clock (the draft's context
     // warms itself up when it is made)
-    {
+    if (opts.warmup) {
         const int32_t n_warm = std::min<int32_t>(n_prompt, params.n_ubatch);
         const llama_tokens head(prompt.begin(), prompt.begin() + n_warm);
         std::vector<int32_t> all(n_warm);
