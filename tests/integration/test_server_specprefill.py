@@ -183,7 +183,7 @@ def test_chunks_along_lines_keep_and_drop_whole_lines(spec_server):
 
 def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(spec_server):
     """question_lines: a line naming the question's rare word is kept whole whatever it scores, at a p that keeps few
-    other chunks; off by default."""
+    other chunks; on by default (2: a word in at most two lines before the question), 0 turns it off."""
     fact = "The key for vault Zorblax is 4497."
     lines = [words(20, seed=300 + i) for i in range(120)]
     lines.insert(10, fact)
@@ -198,8 +198,8 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
         assert sp["status"] == "active", sp
         return {i for b, e in sp["kept"] for i in range(b, e)}
 
-    assert spec_server.request("GET", "/props").json()["spec_prefill"]["question_lines"] == 0
-    plain, asked = kept(), kept(question_lines=3)
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["question_lines"] == 2
+    plain, asked = kept(question_lines=0), kept()
     assert set(span) <= asked, (span, sorted(asked))
     # the fact's line is what was added (its chunk edges aside, a line of its own: nothing else of the prompt)
     assert len(asked - plain) <= len(span) + 64, sorted(asked - plain)
@@ -214,7 +214,7 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
     ({"spec_prefill": {"min_tokens": -5}}, "spec_prefill.min_tokens"),
     ({"spec_prefill": {"window": 100}}, "spec_prefill.window"),
     ({"spec_prefill": {"lookahead": 0}}, "spec_prefill.lookahead"),
-    ({"spec_prefill": {"lookahead": 9}}, "spec_prefill.lookahead"),  # above max(--spec-prefill-lookahead 1, 8)
+    ({"spec_prefill": {"lookahead": 9}}, "spec_prefill.lookahead"),  # above max(--spec-prefill-lookahead 8, 8)
     ({"spec_prefill": {"enabled": "yes"}}, "spec_prefill.enabled"),
     ({"spec_prefill": {"return_kept": 1}}, "spec_prefill.return_kept"),
     ({"spec_prefill": {"chunk_size": 70000}}, "spec_prefill.chunk_size"),
@@ -237,20 +237,20 @@ def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
 
 
 def test_a_request_chooses_its_lookahead(spec_server):
-    """The query rows are the prompt's last token and lookahead - 1 draft tokens: by default the last token alone (the
-    server's --spec-prefill-lookahead 1); a request may ask for up to 8 (each is a draft decode), and the response
-    counts the rows it used."""
+    """The query rows are the prompt's last token and lookahead - 1 draft tokens: by default eight (the server's
+    --spec-prefill-lookahead 8, the paper's); a request may ask for fewer (each is a draft decode), down to the last
+    token alone, and the response counts the rows it used."""
     prompt = words(2000, seed=31)
     default = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"return_kept": True}))
-    eight = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"lookahead": 8, "return_kept": True}))
-    assert default["status"] == eight["status"] == "active", (default, eight)
-    assert default["n_windows"] == eight["n_windows"] == 1
-    assert default["n_rows"] == 1, default
-    # the tiny draft's greedy answer does not end at once, so eight asked give more than one row
-    assert 1 < eight["n_rows"] <= 8, eight
+    one = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"lookahead": 1, "return_kept": True}))
+    assert default["status"] == one["status"] == "active", (default, one)
+    assert default["n_windows"] == one["n_windows"] == 1
+    assert one["n_rows"] == 1, one
+    # the tiny draft's greedy answer does not end at once, so the default's eight give more than one row
+    assert 1 < default["n_rows"] <= 8, default
     # the greedy tokens' rows score the prompt otherwise than the last token's alone
-    assert eight["kept"] != default["kept"]
-    assert spec_server.request("GET", "/props").json()["spec_prefill"]["lookahead"] == 1
+    assert default["kept"] != one["kept"]
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["lookahead"] == 8
 
 
 def test_every_endpoint_reports_it(spec_server):

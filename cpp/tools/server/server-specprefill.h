@@ -35,7 +35,7 @@ struct server_spec_prefill_params {
     common_spec_prefill_select_params select;
     int32_t min_tokens = 1024;
     int32_t window     = 0;
-    int32_t lookahead  = 1; // at most common_spec_prefill_lookahead_max(--spec-prefill-lookahead)
+    int32_t lookahead  = 8; // at most common_spec_prefill_lookahead_max(--spec-prefill-lookahead)
 
     bool has_tools   = false; // the request carries tools or a tool-call grammar
     bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
