@@ -132,8 +132,10 @@ class ServerLeg:
 
     def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, server_args: Sequence[str],
                  draft_args: Sequence[str], log: Path):
+        # break-even 0: every request is scored, the bench measures spec prefill, not the gate
         self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_ctx + 512),
-                     "--spec-prefill-ctx", str(draft_ctx_cap(n_ctx)), "-np", "1", *server_args, *draft_args]
+                     "--spec-prefill-ctx", str(draft_ctx_cap(n_ctx)), "--spec-prefill-break-even", "0", "-np", "1",
+                     *server_args, *draft_args]
         self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
         try:
             self.server.wait_ready(900)
@@ -297,7 +299,7 @@ def run_spec_decoding(bin_dir: Path, target: Path, prefill_draft: Path, types: d
     n_ctx = max(sizes) + n_predict + 256
     for spec_type, (type_target, extra) in {"none": (target, []), **types}.items():
         argv = ["-m", str(type_target), "-c", str(n_ctx), "-np", "1", "-mpd", str(prefill_draft),
-                "--spec-prefill-p", str(p), *server_args, *(["--spec-type", spec_type] if spec_type != "none" else []),
+                "--spec-prefill-p", str(p), "--spec-prefill-break-even", "0", *server_args, *(["--spec-type", spec_type] if spec_type != "none" else []),
                 *extra]
         try:
             server = _started(bin_dir / "llama-server", argv, out_dir / f"server-{spec_type}.log")

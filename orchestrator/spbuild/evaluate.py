@@ -143,8 +143,10 @@ class ServerBackend:
         # the draft's context holds the slot's whole context and the lookahead (the server sizes it for the longest
         # prompt a slot can hold), so that window 0 is full-prompt scoring at every length
         n_slot = n_ctx + N_PREDICT + 64
+        # break-even 0: every request is scored, the eval measures the selection, not the gate
         self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_slot),
-                     "--spec-prefill-ctx", str(n_slot + 256), "-np", "1", "--temp", "0", *extra]
+                     "--spec-prefill-ctx", str(n_slot + 256), "--spec-prefill-break-even", "0", "-np", "1", "--temp",
+                     "0", *extra]
         self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
         try:
             self.server.wait_ready(600)

@@ -18,16 +18,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """This process's environment with `env` on top; a None value removes the variable."""
+    merged = {**os.environ, **(env or {})}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
 class ServerProcess:
     """A llama-server on a free local port, in the manner of upstream's tools/server/tests/utils.py."""
 
-    def __init__(self, binary: Path, args: list[str], env: dict[str, str] | None = None, log: Path | None = None):
+    def __init__(self, binary: Path, args: list[str], env: dict[str, str | None] | None = None, log: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         out = log.open("w") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(self.port), *args],
-                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                     stdout=out, stderr=subprocess.STDOUT, env=_merged_env(env))
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout

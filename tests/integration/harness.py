@@ -17,6 +17,7 @@ from spbuild.cmake import PRODUCT_TARGETS
 from spbuild.server import ServerProcess  # noqa: F401 - the tests take it from here
 
 # test-llama-archs saves random tiny models per architecture: a plain-RoPE one, a hybrid IMROPE one, a sliding-window one
+BREAK_EVEN_ENV = "LLAMA_ARG_SPEC_PREFILL_BREAK_EVEN"  # set to 0 for the whole suite (conftest.break_even_off)
 TINY_ARCHS = {"llama": "llama-dense", "qwen35": "qwen35-dense", "gemma3": "gemma3-dense"}
 
 

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from harness import BREAK_EVEN_ENV
+
 # about n tokens of text: common words the llama-bpe tokenizer keeps whole
 from spbuild import tasks
 from spbuild.bench import make_prompt as words
@@ -222,6 +224,8 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
     ({"spec_prefill": {"keep_last": 1.5}}, "spec_prefill.keep_last"),
     ({"spec_prefill": {"chunk_lines": "yes"}}, "spec_prefill.chunk_lines"),
     ({"spec_prefill": {"question_lines": -1}}, "spec_prefill.question_lines"),
+    ({"spec_prefill": {"break_even": -0.5}}, "spec_prefill.break_even"),
+    ({"spec_prefill": {"break_even": "high"}}, "spec_prefill.break_even"),
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),
@@ -541,14 +545,20 @@ def test_a_scoring_failure_falls_back_to_a_full_prefill(server_factory, bpe_mode
     assert 'spec_prefill_requests_total{status="error_fallback"} 2' in server.request("GET", "/metrics").text
 
 
-def test_the_break_even_gate_uses_measured_throughputs(server_factory, bpe_models):
-    # the draft is as big as the target here, so scoring can never pay for itself at a 50x bar
-    server = server_factory(spec_args(bpe_models, "--spec-prefill-break-even", "50"))
+def test_the_break_even_gate_is_on_by_default_and_learns_from_requests(server_factory, bpe_models):
+    # the draft is as big as the target here: from the models' shapes alone, scoring cannot pay for itself
+    server = server_factory(spec_args(bpe_models), env={BREAK_EVEN_ENV: None})
+    assert server.request("GET", "/props").json()["spec_prefill"]["break_even"] == pytest.approx(1.1)
     first = spec(complete(server, words(3000, seed=24)))
-    assert first["status"] == "active", first  # nothing measured yet: no estimate, no skip
-    second = spec(complete(server, words(3000, seed=25)))
+    assert first["status"] == "skipped_break_even", first
+    assert "estimated speedup 0." in first["reason"] and "models' shapes" in first["reason"], first
+    # a request can lower the bar (0: score anyway), which measures the scoring's throughput beside the target's ...
+    forced = spec(complete(server, words(3000, seed=25), spec_prefill={"break_even": 0}))
+    assert forced["status"] == "active", forced
+    # ... and from then on the estimate is the measured one
+    second = spec(complete(server, words(3000, seed=26), spec_prefill={"break_even": 50}))
     assert second["status"] == "skipped_break_even", second
-    assert "estimated speedup" in second["reason"] and "measured" in second["reason"]
+    assert "measured: target prefill" in second["reason"], second
 
 
 def test_a_prompt_over_the_context_is_refused_and_the_server_goes_on(server_factory, bpe_models):

@@ -46,6 +46,7 @@ json server_spec_prefill_params::to_json() const {
         {"min_tokens", min_tokens},
         {"window",     window},
         {"lookahead",  lookahead},
+        {"break_even", break_even},
         {"max_keep",   select.max_keep},
         {"chunk_size", select.chunk_size},
         {"chunk_lines", select.chunk_lines},
@@ -107,6 +108,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     params.min_tokens = spp.min_tokens;
     params.window     = spp.window;
     params.lookahead  = spp.lookahead;
+    params.break_even = spp.break_even;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
     if (spec_prefill_has(data, "specprefill")) {
@@ -125,7 +127,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
             static const std::vector<std::string> known = { "enabled", "p", "select", "mass", "min_tokens",
-                "window", "lookahead", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
+                "window", "lookahead", "break_even", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
                 "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
@@ -167,6 +169,14 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 // the draft context is prepared with room for this many rows, not more
                 params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", 1,
                         common_spec_prefill_lookahead_max(spp.lookahead));
+            }
+            if (spec_prefill_has(obj, "break_even")) {
+                const double f = spec_prefill_get_number(obj, "break_even", "spec_prefill.break_even");
+                if (!(f >= 0.0 && f <= 1e6)) {
+                    spec_prefill_bad_field("spec_prefill.break_even", "must be in [0, 1e6], got " +
+                            obj.at("break_even").dump());
+                }
+                params.break_even = (float) f;
             }
             if (spec_prefill_has(obj, "max_keep")) {
                 params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
@@ -294,6 +304,28 @@ struct server_spec_prefill_job {
     int64_t t_end_us    = 0;
 };
 
+// what prefilling one token costs a model, in multiply-adds: `weights` for its matrices (the token embeddings are only
+// looked up) and `attention` per earlier position it attends to (QK and AV over every layer's heads)
+struct spec_prefill_model_cost {
+    double weights   = 0.0;
+    double attention = 0.0;
+
+    // a batch of n tokens after n_past others, each attending to all before it
+    double prefill(double n, double n_past) const {
+        return n * (weights + attention * (n_past + 0.5 * n));
+    }
+};
+
+static spec_prefill_model_cost spec_prefill_prefill_cost(const llama_model * model) {
+    const double n_params = (double) llama_model_n_params(model);
+    const double n_embd   = llama_model_n_embd(model);
+    const double n_vocab  = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    spec_prefill_model_cost cost;
+    cost.weights   = std::max(0.1 * n_params, n_params - n_vocab * n_embd);
+    cost.attention = 2.0 * llama_model_n_layer(model) * n_embd;
+    return cost;
+}
+
 struct server_spec_prefill {
     common_params_spec_prefill params;
     common_spec_prefill * core = nullptr;
@@ -311,6 +343,10 @@ struct server_spec_prefill {
     // throughputs the server measured itself, in tokens per ms (0: not yet known); loop thread only
     double r_target = 0.0; // the target's prefill
     double r_score  = 0.0; // scoring, per new prompt token
+
+    // until both are measured, the estimate comes from the models' shapes (spec_prefill_prefill_cost)
+    spec_prefill_model_cost cost_target;
+    spec_prefill_model_cost cost_draft;
 };
 
 static void spec_prefill_worker_loop(server_spec_prefill * sp) {
@@ -384,6 +420,8 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
         return nullptr;
     }
     sp->devices = common_spec_prefill_devices(sp->core);
+    sp->cost_target = spec_prefill_prefill_cost(llama_get_model(ctx_tgt));
+    sp->cost_draft  = spec_prefill_prefill_cost(common_spec_prefill_model(sp->core));
     llama_set_allow_pos_gaps(ctx_tgt, true);
     if (ctx_dft) {
         // draft-simple, MTP, EAGLE3, DFlash and DSpark write the target's (sparse) batch into their context
@@ -524,16 +562,31 @@ static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_
     slot.held.shrink_to_fit();
 }
 
-// the estimated speedup of scoring this prompt over prefilling it, from the throughputs measured so far; 0 if unknown
+// the estimated speedup of scoring these n_new tokens (after n_past) over prefilling them; `source` says where the
+// throughputs came from: measured on earlier requests, or, before both are, the models' shapes
 static double spec_prefill_estimated_speedup(const server_spec_prefill * sp, const server_spec_prefill_params & params,
-        int32_t n_new) {
-    if (sp->r_target <= 0.0 || sp->r_score <= 0.0 || n_new <= 0) {
+        int32_t n_past, int32_t n_new, std::string & source) {
+    if (n_new <= 0) {
         return 0.0;
     }
     const double f_kept = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
-    const double t_full = n_new / sp->r_target;
-    const double t_spec = n_new / sp->r_score + f_kept * n_new / sp->r_target;
-    return t_full / t_spec;
+    if (sp->r_target > 0.0 && sp->r_score > 0.0) {
+        source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
+                sp->r_score * 1e3);
+        const double t_full = n_new / sp->r_target;
+        const double t_spec = n_new / sp->r_score + f_kept * n_new / sp->r_target;
+        return t_full / t_spec;
+    }
+    // the draft attends within its window; the target's sparse prefill attends to the kept tokens only
+    const double n_draft_past = params.window > 0 ? std::min<double>(n_past, std::max(0, params.window - n_new)) : n_past;
+    const double n_draft_new  = params.window > 0 ? std::min<double>(n_new, params.window) : n_new;
+    const double t_full  = sp->cost_target.prefill(n_new, n_past);
+    const double t_score = (double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
+            sp->cost_draft.prefill(params.lookahead, n_past + n_new);
+    const double t_sparse = sp->cost_target.prefill(f_kept * n_new, f_kept * n_past);
+    source = string_format("estimated from the models' shapes: %.2f of the target's prefill to score, nothing "
+            "measured yet", t_score / t_full);
+    return t_full / (t_score + t_sparse);
 }
 
 void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
@@ -595,12 +648,13 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
         return decide(SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS, string_format("%d new prompt tokens, below the minimum "
                 "of %d", n_new, params.min_tokens));
     }
-    if (sp->params.break_even > 0.0f) {
-        const double speedup = spec_prefill_estimated_speedup(sp, params, n_new);
-        if (speedup > 0.0 && speedup < sp->params.break_even) {
+    if (params.break_even > 0.0f) {
+        std::string source;
+        const double speedup = spec_prefill_estimated_speedup(sp, params, n_past, n_new, source);
+        if (speedup > 0.0 && speedup < params.break_even) {
             return decide(SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN, string_format("estimated speedup %.2fx, below "
-                    "--spec-prefill-break-even %.2f (measured: target prefill %.0f t/s, scoring %.0f t/s)", speedup,
-                    sp->params.break_even, sp->r_target * 1e3, sp->r_score * 1e3));
+                    "the break-even of %.2f (--spec-prefill-break-even, spec_prefill.break_even; %s)", speedup,
+                    params.break_even, source.c_str()));
         }
     }
 

@@ -36,6 +36,7 @@ struct server_spec_prefill_params {
     int32_t min_tokens = 1024;
     int32_t window     = 0;
     int32_t lookahead  = 8; // at most common_spec_prefill_lookahead_max(--spec-prefill-lookahead)
+    float   break_even = 1.1f; // prefill in full when the estimated speedup is below this (0: never)
 
     bool has_tools   = false; // the request carries tools or a tool-call grammar
     bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
