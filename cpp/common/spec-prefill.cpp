@@ -24,6 +24,11 @@ static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
 // (docs/benchmarks.md: 8K windows are the fastest at 128K): every window adds a sink, the question and the lookahead,
 // on llama.cpp's 256-cell grid, about 6% more cells (a 128K slot's 17 windows side by side instead of 16)
 static constexpr int32_t SPEC_PREFILL_WINDOW_PREPARED = 8192;
+// window 0 (automatic) scores prompts of more new tokens than this in windows of SPEC_PREFILL_WINDOW_PREPARED: on the
+// real Qwen2.5-Coder 0.5B -> 1.5B pair at 30K, 8K windows kept as many right answers as full-prompt scoring (38 of 39)
+// and on the H200 gave 2.62x TTFT at 32K and 5.17x at 128K, against 2.06x and 2.31x (docs/quality.md); at 16K they kept
+// one fewer (40 of 42) for a small saving. A window at least as long as the prompt scores it whole.
+static constexpr int32_t SPEC_PREFILL_WINDOW_AUTO_ABOVE = 16384;
 
 // the scoring graph's groups of layers: 64 MiB of weights is every layer of a 1.5B draft at 32K cells, a third of
 // them at 128K; the graph's memory is a few times that
@@ -593,6 +598,9 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     const int32_t window_max = std::max(256, budget - SPEC_PREFILL_N_SINK - n_question - n_look);
 
     int32_t window = req.window;
+    if (window <= 0 && n_new > SPEC_PREFILL_WINDOW_AUTO_ABOVE) {
+        window = SPEC_PREFILL_WINDOW_PREPARED;
+    }
     if (n_sink0 + n_new + n_look > budget) {
         window = window > 0 ? std::min(window, window_max) : window_max;
     }
@@ -754,9 +762,12 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
     const llama_tokens dummy(std::max(1, n_prompt), 0);
     sp->fixed_size = false;
     common_spec_prefill_request req = common_spec_prefill_default_request(sp);
+    if (req.window <= 0) {
+        req.window = (int32_t) dummy.size(); // automatic windows, but room for a request that asks for the whole prompt
+    }
     const auto plan = spec_prefill_make_plan(sp, dummy, req);
     int32_t n_cells = plan.n_cells;
-    if (req.window <= 0 && plan.windows.size() == 1) {
+    if (sp->params.window <= 0 && plan.windows.size() == 1) {
         // scored in full by default: room beside it for windows of SPEC_PREFILL_WINDOW_PREPARED side by side, where
         // --spec-prefill-ctx allows all of them (fewer would save no round). The most cells a prompt's windows take
         // is the slot's prompt's, or that of the longest prompt whose windows are all full-sized (one window fewer,

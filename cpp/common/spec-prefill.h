@@ -66,7 +66,8 @@ struct common_spec_prefill;
 struct common_spec_prefill_request {
     common_spec_prefill_select_params select;
     int32_t min_tokens = 0; // fewer new tokens than this are prefilled in full
-    int32_t window     = 0; // score in windows of this many tokens (0: only when the draft context is too small)
+    int32_t window     = 0; // score in windows of this many tokens (0: automatic, windows of 8192 for more than
+                            // 16384 new tokens or where the draft context is too small; >= the prompt: whole)
     // query rows: the prompt's last token and lookahead - 1 greedy draft tokens, each a draft decode; at most
     // common_spec_prefill_lookahead_max(the scorer's), which its draft context has room for (0: the scorer's)
     int32_t lookahead  = 0;

@@ -4,6 +4,8 @@
 # quality at 32K (full-prompt and windows of 8K) and at 8K-16K in windows, side by side. Carried as
 # h200-bench-eval.sh says (tree, vocabulary, pair.sha256 with the first call, the pair's parts one a call after it).
 #   bash docs/bench/h200-defaults.sh start      # first call: everything detached, then the carried part(s) if any
+#   bash docs/bench/h200-defaults.sh quality    # or, without the bench: the server alone, then the evals of windows
+#                                               # at the defaults (32K full/8K, 16K 4K/8K, 8K 2K/4K)
 #   bash docs/bench/h200-bench-eval.sh pair     # each later call, with its part
 #   bash docs/bench/h200-defaults.sh collect S  # wait up to S seconds for the evals, then everything into $OUT
 set -euo pipefail
@@ -21,6 +23,19 @@ start)
         # shellcheck disable=SC2086
         setsid nohup bash -c "until [ -f /tmp/bench.done ]; do sleep 2; done
             bash docs/bench/h200-pair-eval.sh run $job" > /dev/null 2>&1 &
+    done
+    if compgen -G ".carry/pair/part*" > /dev/null; then bash docs/bench/h200-bench-eval.sh pair; fi
+    ;;
+quality)
+    mkdir -p "$W"
+    rm -f "$W/pair.cat" "$W/pair.done"  # a machine that restarted mid-transfer starts over
+    cp .carry/pair.sha256 "$W/"
+    setsid nohup bash -c 'TARGETS=llama-server RANDOM_MODELS=0 bash docs/bench/h200-bench-eval.sh build \
+        > /tmp/build.out 2>&1' > /dev/null 2>&1 &
+    for job in "a 32768 --p 0.3 --window 0,8192 --seeds 1" "b 16384 --p 0.3 --window 4096,8192 --seeds 1" \
+               "c 8192 --p 0.3 --window 2048,4096 --seeds 1"; do
+        # shellcheck disable=SC2086
+        setsid nohup bash docs/bench/h200-pair-eval.sh run $job > /dev/null 2>&1 &
     done
     if compgen -G ".carry/pair/part*" > /dev/null; then bash docs/bench/h200-bench-eval.sh pair; fi
     ;;

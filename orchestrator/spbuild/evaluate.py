@@ -37,6 +37,10 @@ VARIANT_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-p
                     "question_lines": "--spec-prefill-question-lines",
                     "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last",
                     "lookahead": "--spec-prefill-lookahead"}
+# the window a Setting of window 0 sends: longer than any prompt, so scored whole (the server's own 0 is automatic, and
+# windows prompts of more than 16K new tokens)
+WHOLE_PROMPT = 1 << 30
+
 # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
 SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 
@@ -63,14 +67,14 @@ class Setting:
         return f"{name} {self.variant_name}" if self.variant else name
 
     def request(self) -> dict:
-        fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window, "return_kept": True,
+        fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window or WHOLE_PROMPT, "return_kept": True,
                         "select": self.select,
                         **{k: bool(v) if k in SWITCH_FIELDS else v for k, v in self.variant}}
         fields["p" if self.select == "keep" else "mass"] = self.value
         return fields
 
     def tool_args(self) -> list[str]:
-        args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window)]
+        args = ["--spec-prefill-min-tokens", "0", "--spec-prefill-window", str(self.window or WHOLE_PROMPT)]
         for key, value in self.variant:
             flag = VARIANT_FIELDS[key]
             if key in SWITCH_FIELDS:

@@ -304,10 +304,10 @@ QUALITY_BAR_LENGTHS = (1024, 1536, 2048)
 QUALITY_BAR_DEPTHS = (0.2, 0.5, 0.8)
 
 
-def quality_bar(count_tokens: Callable[[str], int] | None = None) -> list[Case]:
-    """The quality bar's 12 cases, the same every run (each length has its own seed)."""
+def quality_bar(count_tokens: Callable[[str], int] | None = None, chat: bool = False) -> list[Case]:
+    """The quality bar's 12 cases, the same every run (each length has its own seed); `chat` as make_case's."""
     return [make_case(kind, FILLERS[(k + i) % len(FILLERS)], n, QUALITY_BAR_DEPTHS[(k + i) % len(QUALITY_BAR_DEPTHS)],
-                      seed=i, count_tokens=count_tokens)
+                      seed=i, count_tokens=count_tokens, chat=chat)
             for i, n in enumerate(QUALITY_BAR_LENGTHS) for k, kind in enumerate(QUALITY_BAR_KINDS)]
 
 

@@ -1,15 +1,17 @@
-"""The quality issue's bar as a test: Gemma 3 270M as target and prefill draft behind llama-server, at the server's
-default p, on a fixed set of `spbuild eval` cases (four task kinds at 1K, 1.5K and 2K tokens, evidence at several
-depths, the three fillers in turn), scored over the whole prompt and in windows.
+"""The quality bar's mechanism check: Gemma 3 270M as target and prefill draft behind llama-server, at a fixed p=0.6, on
+a fixed set of `spbuild eval` cases (four task kinds at 1K, 1.5K and 2K tokens, evidence at several depths, the three
+fillers in turn), scored over the whole prompt and in windows.
 
-The issue's aim, and the marks: where the full prefill answers right, spec prefill answers right too in at least 90%
-of cases; windowed scoring within 5 points of full-prompt scoring; every evidence line kept in at least 95%. The
-defaults reach it on these cases since kept runs are completed to whole lines (7 of 7 right answers and 12 of 12
-evidence sets in both modes; with fixed chunks alone 6 of 7 and 11 of 12: docs/quality.md), so a change that loses one
-answer or evidence set fails. Agreement with the full prefill is not a mark: on this model the answers the
-full prefill gets wrong move with any change to the prompt (of 12 cases of all six kinds it answered 5 right, and
-every answer that changed at p=0.3-0.8 was one of the other 7). The kinds are the four it answers: it cannot sum
-(distributed) or follow a chain of four variables (vartrack)."""
+The marks: where the full prefill answers right, spec prefill answers right too in at least 90% of cases; windowed
+scoring within 5 points of full-prompt scoring; every evidence line kept in at least 95%. At p=0.6 the selection
+reaches them on these cases since kept runs are completed to whole lines (7 of 7 right answers and 12 of 12 evidence
+sets in both modes; with fixed chunks alone 6 of 7 and 11 of 12: docs/log/quality-notes.md), so a change to the
+scoring or the selection that loses one answer or evidence set fails. The p is fixed, not the server's default: the
+defaults come from the real Qwen2.5-Coder pair (docs/quality.md, held by test_real_pair_bar.py); this base model
+scoring for itself answers half of the multi-key and chain cases wrong with the full prompt, and at p=0.3 it keeps 6
+of these 7 right answers. Agreement with the full prefill is not a mark: on this model the answers the full prefill
+gets wrong move with any change to the prompt. The kinds are the four it answers: it cannot sum (distributed) or
+follow a chain of four variables (vartrack)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from spbuild import evaluate, reports, tasks
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 
 WINDOW = 512  # 2-4 windows at these lengths
+P = 0.6  # the bar's p: where this model held the marks (the server's default is the real pair's)
 
-# the issue's aim, which the defaults hold on these cases (2026-12-02)
+# the issue's aim, which p=0.6 holds on these cases (2026-12-02)
 STILL_CORRECT_HELD = 0.9
 RETENTION_HELD = 0.95
 
@@ -33,14 +36,13 @@ def quality_rows(build, gemma, tmp_path_factory) -> tuple[float, list[dict]]:
     backend = evaluate.ServerBackend(bin_dir, gemma, gemma, int(max(tasks.QUALITY_BAR_LENGTHS) * 1.1) + 256,
                                      ["--device", "none", "--no-warmup"], out / "server.log")
     try:
-        p = backend.server.request("GET", "/props").json()["spec_prefill"]["p"]
         cases = tasks.quality_bar(backend.count_tokens)
-        settings = [evaluate.Setting("keep", p, 0), evaluate.Setting("keep", p, WINDOW)]
+        settings = [evaluate.Setting("keep", P, 0), evaluate.Setting("keep", P, WINDOW)]
         rows = evaluate.run(backend, cases, settings)
         # the rows as `spbuild eval` reports them, beside the server's log, for a failure to be read
         reports.write(out, "eval", {"via": "server", "target": str(gemma), "draft": str(gemma),
                                     "command": backend.command(), "complete": True}, rows, plots=False)
-        return p, rows
+        return P, rows
     finally:
         backend.close()
 
@@ -67,7 +69,7 @@ def _report(rows: list[dict]) -> list[tuple]:
             if not r["agree"]]
 
 
-def test_every_case_is_scored_at_the_default(quality_rows):
+def test_every_case_is_scored_at_the_bar_p(quality_rows):
     p, rows = quality_rows
     assert 0.0 < p <= 1.0
     assert len(rows) == 2 * len(tasks.QUALITY_BAR_LENGTHS) * len(tasks.QUALITY_BAR_KINDS)

@@ -391,11 +391,15 @@ def test_per_request_windows_are_scored_side_by_side_and_full_scoring_comes_back
 def test_the_prepared_context_has_room_for_8k_windows_side_by_side(server_factory, bpe_models):
     """Prepared for the slot's prompt in full, the draft context also holds that prompt in windows of 8,192 side by
     side, though each window adds a sink, the question and the lookahead: a request's 8K windows are scored in one
-    round (in the slot's cells alone, 3 windows of 7,168 cells would not fit side by side)."""
+    round (in the slot's cells alone, 3 windows of 7,168 cells would not fit side by side). They are the default above
+    16,384 new tokens (window 0, automatic); a window as long as the prompt still scores it whole."""
     server = server_factory(spec_args(bpe_models, n_parallel=1, n_ctx=20480))
-    sp = spec(complete(server, words(20300, seed=23), n_predict=1, spec_prefill={"window": 8192}))
+    prompt = words(20300, seed=23)
+    sp = spec(complete(server, prompt, n_predict=1, cache_prompt=False))
     assert sp["status"] == "active" and 20300 < sp["n_prompt"] < 20480, sp
     assert sp["n_windows"] == 3 and sp["n_parallel"] == 3, sp
+    whole = spec(complete(server, prompt, n_predict=1, cache_prompt=False, spec_prefill={"window": 20480}))
+    assert whole["status"] == "active" and whole["n_windows"] == 1, whole
 
 
 def test_concurrent_requests_with_mixed_settings(server_factory, bpe_models):

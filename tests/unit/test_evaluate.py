@@ -19,8 +19,10 @@ from spbuild.stats import Rate, Spread, rate
 def test_settings_name_themselves_and_speak_both_interfaces():
     keep, mass = Setting("keep", 0.2, 0), Setting("mass", 0.9, 2048)
     assert (keep.name, mass.name) == ("p=0.2 full", "mass=0.9 W=2048")
-    assert keep.request() == {"enabled": True, "min_tokens": 0, "window": 0, "return_kept": True, "select": "keep",
-                              "p": 0.2}
+    # "full" asks for a window longer than any prompt: the server's window 0 is automatic and windows long prompts
+    assert keep.request() == {"enabled": True, "min_tokens": 0, "window": evaluate.WHOLE_PROMPT, "return_kept": True,
+                              "select": "keep", "p": 0.2}
+    assert mass.request()["window"] == 2048
     assert mass.request()["mass"] == 0.9 and "p" not in mass.request()
     assert keep.tool_args()[-2:] == ["--spec-prefill-p", "0.2"]
     assert mass.tool_args()[-4:] == ["--spec-prefill-select", "mass", "--spec-prefill-mass", "0.9"]
