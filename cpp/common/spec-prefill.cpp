@@ -488,14 +488,21 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->layer_seen.assign(sp->n_layer, 0);
     sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
 
-    const int32_t n_window_min = spp.window > 0 ?
-        spp.window + SPEC_PREFILL_N_SINK + common_spec_prefill_lookahead_max(spp.lookahead) : 512;
+    // a window wider than the context is narrowed to what fits when a prompt is planned (so a window of at least
+    // the prompt's length always means "score it whole, as far as the context holds"); only a context too small
+    // for any window is an error
+    const int32_t n_window_min = 512;
     if (sp->n_ctx_max < n_window_min) {
         error = string_format("speculative prefill: the draft context (--spec-prefill-ctx, default: the draft's trained "
                 "context) holds %d tokens, fewer than the %d a window needs; raise --spec-prefill-ctx", sp->n_ctx_max,
                 n_window_min);
         common_spec_prefill_free(sp);
         return nullptr;
+    }
+    const int32_t n_window_fit = sp->n_ctx_max - SPEC_PREFILL_N_SINK - common_spec_prefill_lookahead_max(spp.lookahead);
+    if (spp.window > n_window_fit) {
+        LOG_WRN("%s: windows of %d tokens do not fit the draft context of %d cells: a prompt that needs more is "
+                "scored in windows of what fits\n", __func__, spp.window, sp->n_ctx_max);
     }
 
     if (const char * dev = spec_prefill_lost_device(sp)) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -291,18 +292,26 @@ def _save(fig, path: Path, plt) -> Path:
     return path
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Writes `path` whole or not at all: a run rewrites its results after every row, and a reader (a second shell, a
+    collecting script, a test) must never see half of one."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def write(out_dir: Path, kind: str, meta: dict, rows: list[dict], plots: bool = True) -> list[Path]:
     """results.json, results.md and the plots of a bench or eval run; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {"kind": kind, **meta, "rows": rows}
     if kind == "eval":
         document["summary"] = eval_summary(rows)
-    (out_dir / "results.json").write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+    _replace_text(out_dir / "results.json", json.dumps(document, indent=1, default=_json_default) + "\n")
     table = eval_markdown(rows) if kind == "eval" else bench_markdown(rows)
     header = f"# spbuild {kind}\n\n" + "".join(f"- {k}: `{v}`\n" for k, v in meta.get("describe", {}).items()) + "\n"
     if meta.get("complete") is False:
         header += f"**Partial: {len(rows)} rows so far (the run is going on, or was cut short).**\n\n"
-    (out_dir / "results.md").write_text(header + table)
+    _replace_text(out_dir / "results.md", header + table)
     written = [out_dir / "results.json", out_dir / "results.md"]
     if plots:
         written += eval_plots(rows, out_dir) if kind == "eval" else bench_plots(rows, out_dir)
