@@ -229,6 +229,14 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
     ({"spec_prefill": {"keep": 0.2}}, "spec_prefill.keep"),
     ({"spec_prefill": 3}, "spec_prefill"),
     ({"specprefill_keep_pct": 2}, "specprefill_keep_pct"),
+    # checked before the conversion to float: these round to 0 there
+    ({"spec_prefill": {"p": 1e-300}}, "spec_prefill.p"),
+    ({"spec_prefill": {"p": 4.9e-324}}, "spec_prefill.p"),
+    ({"spec_prefill": {"p": 1e-46}}, "spec_prefill.p"),
+    ({"spec_prefill": {"mass": 1e-300}}, "spec_prefill.mass"),
+    ({"specprefill_keep_pct": 1e-300}, "specprefill_keep_pct"),
+    ({"spec_prefill": {"window": 2 ** 40}}, "spec_prefill.window"),
+    ({"spec_prefill": {"break_even": 1e300}}, "spec_prefill.break_even"),
 ])
 def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
     response = spec_server.request("POST", "/completion", {"prompt": words(50), "n_predict": 1, **fields})
@@ -518,6 +526,15 @@ def test_startup_errors(build, bpe_models, tiny_models):
     assert "does not share the target's vocabulary" in start("-mpd", tiny_models["llama"])
     assert "--spec-prefill-reuse must be" in start("-mpd", bpe_models["draft"], "--spec-prefill-reuse", "maybe")
     assert "--spec-prefill-p must be in (0, 1]" in start("-mpd", bpe_models["draft"], "--spec-prefill-p", "0")
+    # a number is read whole or refused, naming the flag, its range and the value (not a bare "stof")
+    for flag, value, why in [("--spec-prefill-p", "abc", "must be in (0, 1], got 'abc'"),
+                             ("--spec-prefill-p", "0.5abc", "must be in (0, 1], got '0.5abc'"),
+                             ("--spec-prefill-p", "1e-50", "must be in (0, 1], got '1e-50'"),
+                             ("--spec-prefill-chunk", "99999999999", "must be an integer in [0, 65536]"),
+                             ("--spec-prefill-window", "100", "must be 0 or an integer >= 256, got '100'"),
+                             ("--spec-prefill-ctx", "1024.5", "must be 0 or an integer >= 512"),
+                             ("--spec-prefill-break-even", "inf", "must be in [0, 1000000], got 'inf'")]:
+        assert f"{flag} {why}" in start("-mpd", bpe_models["draft"], flag, value), (flag, value)
 
 
 def test_the_environment_turns_it_on(server_factory, bpe_models):

@@ -1,6 +1,7 @@
 #include "server-specprefill.h"
 
 #include "log.h"
+#include "spec-prefill-arg.h"
 #include "../../src/llama-ext.h"
 
 #include <algorithm>
@@ -73,30 +74,26 @@ static bool spec_prefill_get_bool(const json & obj, const char * key, const std:
     return v.get<bool>();
 }
 
-static double spec_prefill_get_number(const json & obj, const char * key, const std::string & field) {
+// a request field against its setting's range, the one its flag is checked against (spec-prefill-arg.h); before any
+// conversion, so that 1e-300 for p is a 400, not a p of 0
+static double spec_prefill_get_in_range(const json & obj, const char * key, const std::string & field,
+        const common_spec_prefill_range & range) {
     const json & v = obj.at(key);
-    if (!v.is_number()) {
-        spec_prefill_bad_field(field, "must be a number, got " + v.dump());
+    const bool number = range.integer ? v.is_number_integer() : v.is_number();
+    if (!number || !common_spec_prefill_in_range(range, v.get<double>())) {
+        spec_prefill_bad_field(field, "must be " + common_spec_prefill_range_text(range) + ", got " + v.dump());
     }
     return v.get<double>();
 }
 
-static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field, int32_t lo,
-        int32_t hi = INT32_MAX) {
-    const json & v = obj.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-        spec_prefill_bad_field(field, "must be an integer " + (hi == INT32_MAX ? ">= " + std::to_string(lo) :
-                "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") + ", got " + v.dump());
-    }
-    return (int32_t) v.get<int64_t>();
+static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field,
+        const common_spec_prefill_range & range) {
+    return (int32_t) spec_prefill_get_in_range(obj, key, field, range);
 }
 
-static float spec_prefill_get_fraction(const json & obj, const char * key, const std::string & field) {
-    const double x = spec_prefill_get_number(obj, key, field);
-    if (!(x > 0.0 && x <= 1.0)) {
-        spec_prefill_bad_field(field, "must be in (0, 1], got " + obj.at(key).dump());
-    }
-    return (float) x;
+static float spec_prefill_get_float(const json & obj, const char * key, const std::string & field,
+        const common_spec_prefill_range & range) {
+    return (float) spec_prefill_get_in_range(obj, key, field, range);
 }
 
 server_spec_prefill_params server_spec_prefill_params_from_json(const common_params & params_base, const json & data) {
@@ -115,7 +112,8 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         params.enabled = spec_prefill_get_bool(data, "specprefill", "specprefill");
     }
     if (spec_prefill_has(data, "specprefill_keep_pct")) {
-        params.select.keep = spec_prefill_get_fraction(data, "specprefill_keep_pct", "specprefill_keep_pct");
+        params.select.keep = spec_prefill_get_float(data, "specprefill_keep_pct", "specprefill_keep_pct",
+                SPEC_PREFILL_RANGE_P);
         params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
     }
 
@@ -139,7 +137,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 params.enabled = spec_prefill_get_bool(obj, "enabled", "spec_prefill.enabled");
             }
             if (spec_prefill_has(obj, "p")) {
-                params.select.keep = spec_prefill_get_fraction(obj, "p", "spec_prefill.p");
+                params.select.keep = spec_prefill_get_float(obj, "p", "spec_prefill.p", SPEC_PREFILL_RANGE_P);
             }
             if (spec_prefill_has(obj, "select")) {
                 const json & v = obj.at("select");
@@ -153,40 +151,33 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 }
             }
             if (spec_prefill_has(obj, "mass")) {
-                params.select.mass = spec_prefill_get_fraction(obj, "mass", "spec_prefill.mass");
+                params.select.mass = spec_prefill_get_float(obj, "mass", "spec_prefill.mass", SPEC_PREFILL_RANGE_MASS);
             }
             if (spec_prefill_has(obj, "min_tokens")) {
-                params.min_tokens = spec_prefill_get_int(obj, "min_tokens", "spec_prefill.min_tokens", 0);
+                params.min_tokens = spec_prefill_get_int(obj, "min_tokens", "spec_prefill.min_tokens", SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "window")) {
-                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", 0);
-                if (params.window != 0 && params.window < 256) {
-                    spec_prefill_bad_field("spec_prefill.window", "must be 0 (automatic) or >= 256, got " +
-                            obj.at("window").dump());
-                }
+                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", SPEC_PREFILL_RANGE_WINDOW);
             }
             if (spec_prefill_has(obj, "lookahead")) {
                 // the draft context is prepared with room for this many rows, not more
-                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", 1,
-                        common_spec_prefill_lookahead_max(spp.lookahead));
+                auto range = SPEC_PREFILL_RANGE_LOOKAHEAD;
+                range.hi = common_spec_prefill_lookahead_max(spp.lookahead);
+                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", range);
             }
             if (spec_prefill_has(obj, "break_even")) {
-                const double f = spec_prefill_get_number(obj, "break_even", "spec_prefill.break_even");
-                if (!(f >= 0.0 && f <= 1e6)) {
-                    spec_prefill_bad_field("spec_prefill.break_even", "must be in [0, 1e6], got " +
-                            obj.at("break_even").dump());
-                }
-                params.break_even = (float) f;
+                params.break_even = spec_prefill_get_float(obj, "break_even", "spec_prefill.break_even",
+                        SPEC_PREFILL_RANGE_BREAK_EVEN);
             }
             if (spec_prefill_has(obj, "max_keep")) {
-                params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", 0);
+                params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", SPEC_PREFILL_RANGE_COUNT);
             }
             // the selection's shape, as --spec-prefill-chunk, --spec-prefill-chunk-lines,
             // --spec-prefill-complete-lines, --spec-prefill-question-lines, --spec-prefill-keep-first and
             // --spec-prefill-keep-last
             if (spec_prefill_has(obj, "chunk_size")) {
                 params.select.chunk_size =
-                    spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", 0, 65536);
+                    spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", SPEC_PREFILL_RANGE_CHUNK_SIZE);
             }
             if (spec_prefill_has(obj, "chunk_lines")) {
                 params.select.chunk_lines = spec_prefill_get_bool(obj, "chunk_lines", "spec_prefill.chunk_lines");
@@ -197,13 +188,15 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             }
             if (spec_prefill_has(obj, "question_lines")) {
                 params.select.question_lines =
-                    spec_prefill_get_int(obj, "question_lines", "spec_prefill.question_lines", 0);
+                    spec_prefill_get_int(obj, "question_lines", "spec_prefill.question_lines", SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "keep_first")) {
-                params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first", 0);
+                params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first",
+                        SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "keep_last")) {
-                params.select.keep_last = spec_prefill_get_int(obj, "keep_last", "spec_prefill.keep_last", 0);
+                params.select.keep_last = spec_prefill_get_int(obj, "keep_last", "spec_prefill.keep_last",
+                        SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "return_kept")) {
                 params.return_kept = spec_prefill_get_bool(obj, "return_kept", "spec_prefill.return_kept");
