@@ -262,9 +262,9 @@ void common_spec_prefill_add_args(const common_params & params, const std::funct
         "new tokens ('sparse'), or reuses it only up to its first dropped position ('exact') (default: sparse)",
         [](common_params & params, const std::string & value) {
             if (value == "sparse") {
-                params.spec_prefill.reuse_exact = false;
+                params.spec_prefill.server.reuse_exact = false;
             } else if (value == "exact") {
-                params.spec_prefill.reuse_exact = true;
+                params.spec_prefill.server.reuse_exact = true;
             } else {
                 throw std::invalid_argument("--spec-prefill-reuse must be 'sparse' or 'exact', got '" + value + "'");
             }
@@ -275,7 +275,7 @@ void common_spec_prefill_add_args(const common_params & params, const std::funct
         "speculative prefill in llama-server: prefill in full when the estimated speedup is below FACTOR, from the "
         "throughputs measured on earlier requests or, before those, the models' shapes (default: 1.1; 0 = never)",
         [](common_params & params, const std::string & value) {
-            params.spec_prefill.break_even = spec_prefill_float("--spec-prefill-break-even", value, SPEC_PREFILL_RANGE_BREAK_EVEN);
+            params.spec_prefill.server.break_even = spec_prefill_float("--spec-prefill-break-even", value, SPEC_PREFILL_RANGE_BREAK_EVEN);
         }
     ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_BREAK_EVEN"));
     add_opt(common_arg(
@@ -283,7 +283,24 @@ void common_spec_prefill_add_args(const common_params & params, const std::funct
         {"--no-spec-prefill-tool-guard"},
         "speculative prefill in llama-server: prefill requests with tools or a tool-call grammar in full (default: enabled)",
         [](common_params & params, bool value) {
-            params.spec_prefill.tool_guard = value;
+            params.spec_prefill.server.tool_guard = value;
         }
     ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_TOOL_GUARD"));
+    add_opt(common_arg(
+        {"--spec-prefill-queue-max"}, "N",
+        "speculative prefill in llama-server: at most N requests wait for the prefill draft while it scores another; "
+        "the next is prefilled in full (status skipped_queue), as is one whose expected wait would eat its expected "
+        "saving (default: -1 = no bound but that; 0 = score only when the draft is idle)",
+        [](common_params & params, const std::string & value) {
+            params.spec_prefill.server.queue_max = spec_prefill_int("--spec-prefill-queue-max", value, SPEC_PREFILL_RANGE_QUEUE_MAX);
+        }
+    ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_QUEUE_MAX"));
+    add_opt(common_arg(
+        {"--spec-prefill-window-min"}, "N",
+        "speculative prefill in llama-server: the smallest window a request may ask for (spec_prefill.window); a "
+        "smaller one is refused, since its scoring costs more than scoring without windows (default: 1024)",
+        [](common_params & params, const std::string & value) {
+            params.spec_prefill.server.window_min = spec_prefill_int("--spec-prefill-window-min", value, SPEC_PREFILL_RANGE_WINDOW);
+        }
+    ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_WINDOW_MIN"));
 }

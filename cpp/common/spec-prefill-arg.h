@@ -34,6 +34,7 @@ inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_POOL_KERNEL    = {
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_WINDOW         = { 256.0, SPEC_PREFILL_INT_MAX, false, true, true };
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_CTX            = { 512.0, SPEC_PREFILL_INT_MAX, false, true, true };
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_COUNT          = { 0.0, SPEC_PREFILL_INT_MAX, false, true, false };
+inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_QUEUE_MAX      = { -1.0, SPEC_PREFILL_INT_MAX, false, true, false };
 
 // "in (0, 1]", "an integer in [0, 65536]", "0 or an integer >= 256", ...
 std::string common_spec_prefill_range_text(const common_spec_prefill_range & range);

@@ -1,8 +1,8 @@
 #pragma once
 
-// The selection settings of speculative prefill, alone in a header of their own: common.h holds them in
-// common_params, so this is all that every file including common.h sees of the feature (spec-prefill-select.h has the
-// functions).
+// The selection settings of speculative prefill and llama-server's own, alone in a header of their own: common.h holds
+// them in common_params, so this is all that every file including common.h sees of the feature (spec-prefill-select.h
+// has the functions), and a new setting of either kind changes this file, not the patch to common.h.
 
 #include <cstdint>
 
@@ -36,4 +36,16 @@ struct common_spec_prefill_select_params {
                                 // tail's lines) where that word is in at most this many lines before it
     int32_t max_keep   = 0;     // > 0: keep at most this many tokens (the always-kept ones even beyond it), taking
                                 // the highest-scoring chunks that still fit (for small-memory targets)
+};
+
+// what llama-server decides per request before it scores a prompt (server-specprefill.h)
+struct common_spec_prefill_server_params {
+    bool  reuse_exact = false; // a follow-up reuses a sparse KV only up to its first dropped position
+    float break_even  = 1.1f;  // skip when the estimated speedup is below this (0: never skip): by default a lossy
+                               // prefill must save at least a tenth of the time; the wait for the scorer counts
+    bool  tool_guard  = true;  // requests with tools are prefilled in full
+    int32_t queue_max = -1;    // >= 0: at most this many requests wait for the scorer, the next is prefilled in full
+                               // (-1: no bound but the slots and the break-even)
+    int32_t window_min = 1024; // the smallest window a request may ask for: smaller ones cost more to score than no
+                               // windows (each window scores its own sink, question and lookahead rows)
 };

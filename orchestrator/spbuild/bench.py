@@ -38,7 +38,7 @@ from spbuild import reports
 from spbuild.errors import SpbuildError
 from spbuild.evaluate import Setting, numbers, status_of_tool, windows
 from spbuild.models import KINDS, SHAPES, make
-from spbuild.server import ServerProcess
+from spbuild.server import ServerProcess, refuse_own_address
 from spbuild.stats import Spread
 
 # common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
@@ -132,10 +132,10 @@ class ServerLeg:
 
     def __init__(self, bin_dir: Path, target: Path, draft: Path, n_ctx: int, server_args: Sequence[str],
                  draft_args: Sequence[str], log: Path):
-        # break-even 0: every request is scored, the bench measures spec prefill, not the gate
+        # break-even 0: every request is scored, the bench measures spec prefill, not the gate; any window it is asked
         self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_ctx + 512),
-                     "--spec-prefill-ctx", str(draft_ctx_cap(n_ctx)), "--spec-prefill-break-even", "0", "-np", "1",
-                     *server_args, *draft_args]
+                     "--spec-prefill-ctx", str(draft_ctx_cap(n_ctx)), "--spec-prefill-break-even", "0",
+                     "--spec-prefill-window-min", "256", "-np", "1", *server_args, *draft_args]
         self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
         try:
             self.server.wait_ready(900)
@@ -403,6 +403,12 @@ def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) ->
     return paths[0], paths[1]
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """What can be refused before models are made or fetched."""
+    if args.via == "server":
+        refuse_own_address(args.server_args.split())
+
+
 def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
             progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
     """Run the bench the options describe and write its reports; returns the files written."""
@@ -470,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--server-args", default="", help="arguments shared by every server (devices, -ngl, -fa)")
     args = parser.parse_args(argv)
     if args.command == "measure":
-        target, draft = models_for(args, args.models, args.tree)
         try:
+            check_args(args)
+            target, draft = models_for(args, args.models, args.tree)
             for path in measure(args, args.bin, target, draft, reports.plain_progress(str)):
                 print(path)
         except SpbuildError as err:

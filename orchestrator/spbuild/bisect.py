@@ -17,7 +17,7 @@ from pathlib import Path
 
 import git
 
-from spbuild import patches, rebase, snapshots
+from spbuild import patches, rebase, snapshots, sources
 from spbuild.console import info
 from spbuild.errors import SpbuildError
 from spbuild.pin import Pin
@@ -97,7 +97,7 @@ def points_in(spec: str, repo: git.Repo) -> list[Point]:
 
 def bisect(project: Project, workspace: Workspace, pin: Pin, spec: str) -> BisectReport:
     started = time.monotonic()
-    repo = git.Repo(workspace.source_dir)
+    repo = git.Repo(sources.ensure_fetched(pin, workspace))
     points = points_in(spec, repo)
     series = patches.read_series(project)
     probes: dict[int, list[rebase.PatchOutcome]] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -35,6 +35,7 @@ class BuildRecord:
     log: str = ""
     source: str = ""  # the llama.cpp tree it was built from (its gguf-py writes the tests' models)
     glslc: dict | None = None  # a Vulkan build's shader compiler and headers (vulkan_toolchain.Choice)
+    sanitize: list[str] = field(default_factory=list)  # the sanitizers it was built with (cmake.SANITIZERS)
 
     def save(self) -> None:
         (Path(self.build_dir) / BUILD_RECORD).write_text(json.dumps(asdict(self), indent=2))
@@ -129,10 +130,7 @@ def compile_tree(source: Path, build_dir: Path, config: cmake.BuildConfig, log: 
 def build(project: Project, workspace: Workspace, pin: Pin, request: BuildRequest) -> BuildRecord:
     config = request.config
     started = time.monotonic()
-    source = workspace.source_dir
-    if not (source / ".git").exists():
-        info(f"no llama.cpp source at {source} yet: fetching the pin")
-        sources.fetch(pin, workspace, sources.SourceSpec.parse("auto"))
+    source = sources.ensure_fetched(pin, workspace)
 
     if request.install_deps:
         install.fix(config.backend, workspace.logs_dir, tests=project.has_tests)
@@ -162,6 +160,7 @@ def build(project: Project, workspace: Workspace, pin: Pin, request: BuildReques
         log=str(log),
         source=str(source),
         glslc=glslc.to_dict() if glslc else None,
+        sanitize=list(config.sanitize),
     )
     record.save()
     return record
@@ -190,11 +189,14 @@ def all_builds(workspace: Workspace) -> list[BuildRecord]:
     return [r for r in candidates if r is not None]
 
 
-def find_build(workspace: Workspace, backend: str | None) -> BuildRecord:
-    """The build `spbuild test` should use: the named backend's, or the most recent one."""
+def find_build(workspace: Workspace, backend: str | None, sanitized: bool = False) -> BuildRecord:
+    """The build `spbuild test` should use: the named backend's, or the most recent one; a sanitizer build only when
+    asked for (it is slower, and CPU-only), and then only one."""
     root = workspace.root / "build"
-    records = [r for r in all_builds(workspace) if backend is None or r.backend == backend]
+    records = [r for r in all_builds(workspace)
+               if (backend is None or r.backend == backend) and bool(r.sanitize) == sanitized]
     if not records:
-        which = f"{backend} build" if backend else "build"
-        raise SpbuildError(f"no {which} in {root}", hint=f"Run `spbuild build --{backend or 'vulkan'}` first.")
+        which = ("sanitizer " if sanitized else "") + (f"{backend} build" if backend else "build")
+        how = "spbuild build --sanitize address,undefined" if sanitized else f"spbuild build --{backend or 'vulkan'}"
+        raise SpbuildError(f"no {which} in {root}", hint=f"Run `{how}` first.")
     return max(records, key=lambda r: (Path(r.build_dir) / BUILD_RECORD).stat().st_mtime)

@@ -83,8 +83,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _build_config(args: argparse.Namespace) -> cmake.BuildConfig:
     defines = dict(cmake.parse_define(d) for d in args.define)
+    sanitize = [name.strip() for name in getattr(args, "sanitize", "").split(",") if name.strip()]
     return cmake.BuildConfig(backend=args.backend, rpc=args.rpc, debug=args.debug,
-                             test_helpers=not args.no_test_helpers, targets=list(args.target), defines=defines)
+                             test_helpers=not args.no_test_helpers, targets=list(args.target), defines=defines,
+                             sanitize=sanitize)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -118,13 +120,15 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
     project, workspace = _context(args)
     if not project.is_checkout or not (project.root / "tests").is_dir():
         raise SpbuildError("the test suite lives in a llama-specprefill checkout", hint="Run it inside the repository.")
-    record = find_build(workspace, args.backend)
-    info(f"testing the {record.backend} build in {record.build_dir}")
+    record = find_build(workspace, args.backend, sanitized=args.sanitize)
+    info(f"testing the {record.backend} build in {record.build_dir}"
+         + (f" (sanitizers: {', '.join(record.sanitize)})" if record.sanitize else ""))
     # SPBUILD_TEST: a missing product binary fails the run instead of skipping (tests/integration/harness.py)
     suite.ensure_workflow_linter(project.root, workspace.logs_dir)
     env = dict(os.environ, SPBUILD_BUILD_DIR=record.build_dir, SPBUILD_WORKDIR=str(workspace.root),
-               SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1")
-    argv = [sys.executable, "-m", "pytest", *suite.pytest_args(project.root, fast=args.fast, extra=pytest_args)]
+               SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1", **suite.sanitizer_env(record.sanitize))
+    argv = [sys.executable, "-m", "pytest", *suite.pytest_args(project.root, fast=args.fast, extra=pytest_args,
+                                                               sanitize=bool(record.sanitize))]
     return subprocess.run(argv, cwd=project.root, env=env).returncode
 
 
@@ -160,6 +164,7 @@ def _written(files: list[Path], started: float) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _, workspace = _context(args)
+    bench.check_args(args)
     bin_dir, build_name = _bin_dir(args, workspace)
     target, draft = bench.models_for(args, workspace.models_dir, workspace.source_dir)
     info(f"bench through {args.via} with the {build_name}: {target.name} scored by {draft.name}; logs in {args.out}")
@@ -368,6 +373,9 @@ def parser() -> argparse.ArgumentParser:
     bld.add_argument("--build-dir", type=Path, help="build folder (default: <workdir>/build/<backend>)")
     bld.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="extra CMake definition")
     bld.add_argument("--no-test-helpers", action="store_true", help="skip the helper binaries the test suite needs")
+    bld.add_argument("--sanitize", default="", metavar="address,undefined|thread",
+                     help="build with llama.cpp's sanitizers (CPU backend, RelWithDebInfo, its own build folder such "
+                     "as build/cpu-asan-ubsan); `spbuild test --sanitize` runs the tool and server tests against it")
     bld.add_argument("--skip-checks", action="store_true", help="skip the doctor checks before building")
     bld.add_argument("--install-deps", action="store_true", help="install what the doctor finds missing with the "
                      "platform's package manager (apt-get, dnf, brew; through sudo when not root), printing the command")
@@ -383,6 +391,9 @@ def parser() -> argparse.ArgumentParser:
     test.add_argument("--backend", choices=cmake.BACKENDS, help="which build to test (default: the newest)")
     test.add_argument("--fast", action="store_true", help="the edit loop's tier: unit tests and the tiny-model "
                       "integration tests, without the real-model checks (pytest -m 'not slow')")
+    test.add_argument("--sanitize", action="store_true", help="the sanitizer tier: the tool's and the server's "
+                      "tiny-model tests against the sanitizer build (`spbuild build --sanitize ...`), any sanitizer "
+                      "report in a server's log failing its test")
     test.set_defaults(run=None)
 
     reb = sub.add_parser("rebase", parents=[common], help="move the series onto a newer upstream; report, build, test")

@@ -24,6 +24,9 @@ _BACKEND_ARGS: dict[str, dict[str, str]] = {
 # binary dies with "Illegal instruction" elsewhere (measured here on a Q4_K warm-up).
 _PORTABLE_X86 = {"GGML_AVX": "ON", "GGML_AVX2": "ON", "GGML_FMA": "ON", "GGML_F16C": "ON", "GGML_BMI2": "ON"}
 
+# `--sanitize`: llama.cpp's and ggml's own options (LLAMA_SANITIZE_*, GGML_SANITIZE_*), and the build folder's suffix
+SANITIZERS = {"address": "asan", "undefined": "ubsan", "thread": "tsan"}
+
 PRODUCT_TARGETS = ("llama-server", "llama-specprefill")
 # `spbuild bench` times the draft's own prefill with upstream's llama-bench
 BENCH_TARGETS = ("llama-bench",)
@@ -39,15 +42,28 @@ class BuildConfig:
     test_helpers: bool = True
     targets: list[str] = field(default_factory=list)  # empty: the default set
     defines: dict[str, str] = field(default_factory=dict)  # user -D KEY=VALUE, applied last
+    sanitize: list[str] = field(default_factory=list)  # of SANITIZERS
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise SpbuildError(f"unknown backend {self.backend!r}", hint=f"Choose one of: {', '.join(BACKENDS)}.")
+        unknown = [name for name in self.sanitize if name not in SANITIZERS]
+        if unknown:
+            raise SpbuildError(f"unknown sanitizer {', '.join(unknown)}",
+                               hint=f"Choose among: {', '.join(SANITIZERS)} (e.g. --sanitize address,undefined).")
+        if self.sanitize and self.backend != "cpu":
+            raise SpbuildError(f"--sanitize builds the CPU backend only, not {self.backend}: GPU drivers and their "
+                               "runtimes are not instrumented and report their own allocations as errors",
+                               hint="Run `spbuild build --sanitize address,undefined` (the CPU backend is the default).")
+        if "thread" in self.sanitize and "address" in self.sanitize:
+            raise SpbuildError("the thread and address sanitizers cannot be combined",
+                               hint="Build them separately: --sanitize thread, --sanitize address,undefined.")
 
     @property
     def name(self) -> str:
         """The build folder's name: one per backend (and variant)."""
-        return self.backend + ("-rpc" if self.rpc else "") + ("-debug" if self.debug else "")
+        return (self.backend + ("-rpc" if self.rpc else "") + ("-debug" if self.debug else "")
+                + "".join(f"-{SANITIZERS[s]}" for s in SANITIZERS if s in self.sanitize))
 
 
 def parse_define(text: str) -> tuple[str, str]:
@@ -75,6 +91,12 @@ def cmake_defines(config: BuildConfig, machine: str | None = None) -> dict[str, 
     defines.update(_BACKEND_ARGS[config.backend])
     if config.rpc:
         defines["GGML_RPC"] = "ON"
+    if config.sanitize:
+        # with line numbers in the reports; optimised, so that the suite's prompts still run in minutes
+        defines["CMAKE_BUILD_TYPE"] = "Debug" if config.debug else "RelWithDebInfo"
+        for name in config.sanitize:
+            defines[f"LLAMA_SANITIZE_{name.upper()}"] = "ON"
+            defines[f"GGML_SANITIZE_{name.upper()}"] = "ON"
     defines.update(config.defines)
     return defines
 

@@ -24,7 +24,7 @@ import requests
 
 from spbuild import real_models, tasks
 from spbuild.errors import SpbuildError
-from spbuild.server import ServerProcess
+from spbuild.server import ServerProcess, refuse_own_address
 
 N_PREDICT = 24
 # the longest a single request or tool run may take (a 32K full prefill on two CPU cores takes minutes)
@@ -147,10 +147,10 @@ class ServerBackend:
         # the draft's context holds the slot's whole context and the lookahead (the server sizes it for the longest
         # prompt a slot can hold), so that window 0 is full-prompt scoring at every length
         n_slot = n_ctx + N_PREDICT + 64
-        # break-even 0: every request is scored, the eval measures the selection, not the gate
+        # break-even 0: every request is scored, the eval measures the selection, not the gate; any window it is asked
         self.argv = ["-m", str(target), "-mpd", str(draft), "--spec-prefill", "-c", str(n_slot),
-                     "--spec-prefill-ctx", str(n_slot + 256), "--spec-prefill-break-even", "0", "-np", "1", "--temp",
-                     "0", *extra]
+                     "--spec-prefill-ctx", str(n_slot + 256), "--spec-prefill-break-even", "0",
+                     "--spec-prefill-window-min", "256", "-np", "1", "--temp", "0", *extra]
         self.server = ServerProcess(bin_dir / "llama-server", self.argv, log=log)
         try:
             self.server.wait_ready(600)
@@ -441,6 +441,8 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
 
     if args.chat and args.via != "server":
         raise SpbuildError("--chat renders the cases with the server's chat template", hint="use --via server")
+    if args.via == "server":
+        refuse_own_address(args.server_args.split())  # before the models are fetched, not when the server starts
     target, draft = models_of(args)
     kinds = list(tasks.ALL_KINDS) if args.kinds.strip() == "all" else _names(args.kinds, tasks.ALL_KINDS, "task kind")
     source_tree = args.source_tree or (default_source_tree() if set(kinds) & set(tasks.SOURCE_KINDS) else None)

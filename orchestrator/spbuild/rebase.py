@@ -23,7 +23,7 @@ from pathlib import Path
 import git
 
 from spbuild import build as sp_build
-from spbuild import cmake, health, patches, snapshots
+from spbuild import cmake, health, patches, snapshots, sources
 from spbuild.console import info, log_path, warn
 from spbuild.errors import (
     BuildError,
@@ -407,6 +407,7 @@ def start(project: Project, workspace: Workspace, pin: Pin, onto: str, options: 
     if in_progress(workspace) is not None:
         raise SpbuildError("a rebase is already in progress",
                            hint="Finish it with `spbuild rebase --continue`, or drop it with `spbuild rebase --abort`.")
+    sources.ensure_fetched(pin, workspace)
     repo = _open_tree(workspace)
     target = resolve_target(onto, pin, workspace, repo, source)
     if target.commit == pin.commit:

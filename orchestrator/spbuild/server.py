@@ -11,6 +11,11 @@ from pathlib import Path
 
 import requests
 
+from spbuild.errors import SpbuildError
+
+# the harness chooses where the server listens and asks it there: a user's own address would leave it asking nobody
+OWN_ADDRESS_FLAGS = ("--port", "--host")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,10 +29,21 @@ def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
     return {key: value for key, value in merged.items() if value is not None}
 
 
+def refuse_own_address(args: list[str]) -> None:
+    """Refuses --port and --host among the server's arguments (the last one would win over the harness's own, and the
+    harness would wait for a server that listens elsewhere)."""
+    given = [arg for arg in map(str, args) if arg in OWN_ADDRESS_FLAGS or arg.startswith(tuple(f + "=" for f in OWN_ADDRESS_FLAGS))]
+    if given:
+        raise SpbuildError(f"the server's arguments set {', '.join(given)}: the harness starts llama-server on a free "
+                           "local port of its own and talks to it there",
+                           hint="Remove --port and --host from --server-args.")
+
+
 class ServerProcess:
     """A llama-server on a free local port, in the manner of upstream's tools/server/tests/utils.py."""
 
     def __init__(self, binary: Path, args: list[str], env: dict[str, str | None] | None = None, log: Path | None = None):
+        refuse_own_address(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log

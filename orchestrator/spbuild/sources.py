@@ -264,6 +264,16 @@ def _from_pypi(repo: git.Repo, pin: Pin, workspace: Workspace) -> FetchResult:
     return _from_sdist_file(repo, pin, workspace, sdist, "pypi", f"{pin.pypi.package}=={pin.pypi.version}")
 
 
+def ensure_fetched(pin: Pin, workspace: Workspace) -> Path:
+    """The fetched tree, fetching the pin from the default sources first where there is none yet (as `spbuild fetch`
+    would): build, rebase and bisect start from it."""
+    source = workspace.source_dir
+    if not (source / ".git").exists():
+        info(f"no llama.cpp source at {source} yet: fetching the pin")
+        fetch(pin, workspace, SourceSpec.parse("auto"))
+    return source
+
+
 def fetch(pin: Pin, workspace: Workspace, spec: SourceSpec) -> FetchResult:
     """Make `workspace.source_dir` a git repository holding the pinned commit, from the source `spec` names."""
     cached = cached_fetch(pin, workspace)

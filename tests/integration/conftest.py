@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import BINARIES_USED, BREAK_EVEN_ENV, TINY_ARCHS, Build, ServerProcess, SpecPrefillTool, missing
+from harness import (BINARIES_USED, BREAK_EVEN_ENV, TINY_ARCHS, Build, ServerProcess, SpecPrefillTool, missing,
+                     sanitizer_report)
 from spbuild import models
 from spbuild.build import BuildRecord, find_build
 from spbuild.project import Project, Workspace
@@ -195,6 +196,12 @@ def server_factory(build: Build, tmp_path: Path) -> Iterator:
     yield start
     for server in servers:
         server.stop()
+    if os.environ.get("SPBUILD_SANITIZE"):
+        # under `spbuild test --sanitize`: a server that logged a sanitizer report fails the test that ran it
+        for server in servers:
+            report = sanitizer_report(server.log.read_text(errors="replace") if server.log else "")
+            if report:
+                pytest.fail(f"sanitizer report in {server.log}:\n{report}", pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -90,8 +90,24 @@ class SpecPrefillTool:
         # a random model's output may cut a UTF-8 character: the tool prints its bytes as they come
         proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
                               env={**os.environ, **(env or {})})
+        found = sanitizer_report(proc.stderr) if os.environ.get("SPBUILD_SANITIZE") else ""
+        if found:
+            pytest.fail(f"sanitizer report from {' '.join(argv[:1])}:\n{found}", pytrace=False)
         data = json.loads(report.read_text()) if proc.returncode == 0 and report.exists() else None
         return ToolRun(proc.returncode, proc.stdout, proc.stderr, data)
+
+
+# what AddressSanitizer, LeakSanitizer, UndefinedBehaviorSanitizer and ThreadSanitizer print first
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error: ", "WARNING: ThreadSanitizer")
+
+
+def sanitizer_report(log: str) -> str:
+    """The first sanitizer report in a process's output, with some lines after it; empty when there is none."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if any(marker in line for marker in SANITIZER_MARKERS):
+            return "\n".join(lines[i:i + 40])
+    return ""
 
 
 def lavapipe_available() -> bool:

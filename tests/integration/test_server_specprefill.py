@@ -28,9 +28,10 @@ MIN_TOKENS = 256
 
 
 def spec_args(models, *extra: str, n_parallel: int = 2, n_ctx: int = 16384) -> list[str]:
+    # windows down to 256 tokens: the tiny prompts here check the mechanics, not the cost
     return ["-m", models["target"], "-mpd", models["draft"], "--device", "none", "-c", str(n_ctx),
             "-np", str(n_parallel), "--spec-prefill-p", str(P), "--spec-prefill-min-tokens", str(MIN_TOKENS),
-            "--metrics", "--slots", *map(str, extra)]
+            "--spec-prefill-window-min", "256", "--metrics", "--slots", *map(str, extra)]
 
 
 def complete(server, prompt: str, n_predict: int = 4, **fields) -> dict:
@@ -248,6 +249,20 @@ def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
     assert spec_server.request("GET", "/health").status_code == 200
 
 
+def test_request_windows_below_the_floor_are_refused(server_factory, bpe_models):
+    # a request's own small windows made its scoring dearer than none (1.43x at 256 tokens): by default the floor is
+    # 1024, --spec-prefill-window-min moves it
+    args = spec_args(bpe_models)
+    i = args.index("--spec-prefill-window-min")
+    server = server_factory(args[:i] + args[i + 2:])
+    assert server.request("GET", "/props").json()["spec_prefill"]["window_min"] == 1024
+    response = server.request("POST", "/completion", {"prompt": words(50), "n_predict": 1,
+                                                      "spec_prefill": {"window": 512}})
+    assert response.status_code == 400, response.text
+    assert "'spec_prefill.window': must be 0 or an integer >= 1024" in response.json()["error"]["message"]
+    assert spec(complete(server, words(3000, seed=34), spec_prefill={"window": 1024}))["n_windows"] > 1
+
+
 def test_a_request_chooses_its_lookahead(spec_server):
     """The query rows are the prompt's last token and lookahead - 1 draft tokens: by default eight (the server's
     --spec-prefill-lookahead 8, the paper's); a request may ask for fewer (each is a draft decode), down to the last
@@ -279,8 +294,8 @@ def test_every_endpoint_reports_it(spec_server):
     with requests.post(f"{spec_server.url}/completion", json={"prompt": words(2000, seed=6), "n_predict": 3,
                                                                "stream": True, "temperature": 0},
                        stream=True, timeout=300) as response:
-        chunks = [json.loads(line[6:]) for line in response.iter_lines(decode_unicode=True)
-                  if line and line.startswith("data: ")]
+        # bytes, split at line ends only: a random model's text may hold U+2028, where str.splitlines splits
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith(b"data: ")]
     assert chunks[-1]["timings"]["spec_prefill"]["status"] == "active", chunks[-1]
 
 
@@ -471,14 +486,7 @@ def test_a_client_that_disconnects_during_scoring_stops_it(server_factory, bpe_m
     prompt = words(12000, seed=15)
     full = spec(complete(server, prompt, 1, cache_prompt=False, id_slot=0))
     assert full["status"] == "active" and full["score_ms"] > 300, full
-    # the same prompt again, dropped while it is being scored
-    with requests.post(f"{server.url}/completion", json={"prompt": prompt, "n_predict": 1, "stream": True,
-                                                          "cache_prompt": False, "id_slot": 0},
-                       stream=True, timeout=60):
-        deadline = time.monotonic() + 30
-        while slot_state(server, 0)["state"] != "scoring" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert slot_state(server, 0)["state"] == "scoring"
+    _scoring_dropped(server, prompt, 0)  # the same prompt again, dropped while it is being scored
     t0 = time.monotonic()
     after = complete(server, words(2000, seed=16), 1, id_slot=0)
     # the next request did not wait for the dropped scoring to run to its end
@@ -486,6 +494,112 @@ def test_a_client_that_disconnects_during_scoring_stops_it(server_factory, bpe_m
     assert spec(after)["queue_ms"] < 0.5 * full["score_ms"], (spec(after), full)
     assert time.monotonic() - t0 < 60
     assert server.request("GET", "/health").status_code == 200
+
+
+class Streamer:
+    """A client streaming a long answer on one slot, so that results flow all the time; stopped by closing it."""
+
+    def __init__(self, server, slot: int) -> None:
+        self.tokens = 0
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, slot))
+        self._thread.start()
+        assert self._started.wait(120), "the streaming request produced no tokens"
+
+    def _run(self, server, slot: int) -> None:
+        with requests.post(f"{server.url}/completion", json={"prompt": words(20, seed=1), "n_predict": 12000,
+                                                              "stream": True, "temperature": 0, "id_slot": slot,
+                                                              "ignore_eos": True}, stream=True, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    self.tokens += 1
+                    if self.tokens == 10:
+                        self._started.set()
+                if self._stop.is_set():
+                    return
+
+    def close(self) -> int:
+        """Stops it; the number of tokens it had received."""
+        self._stop.set()
+        self._thread.join()
+        return self.tokens
+
+
+def _scoring_dropped(server, prompt: str, slot: int) -> None:
+    """Sends the prompt to the slot and closes the connection while the draft scores it."""
+    with requests.post(f"{server.url}/completion", json={"prompt": prompt, "n_predict": 1, "stream": True,
+                                                          "cache_prompt": False, "id_slot": slot},
+                       stream=True, timeout=60):
+        deadline = time.monotonic() + 30
+        while slot_state(server, slot)["state"] != "scoring" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slot_state(server, slot)["state"] == "scoring"
+
+
+def test_a_disconnect_during_scoring_is_noticed_while_another_slot_streams(server_factory, bpe_models):
+    # upstream's wait for a request's results restarted its one-second poll of the connection whenever any other
+    # request's result arrived: with another client streaming, a dropped request was never noticed and its whole
+    # scoring ran before the next request's (measured: 10 of 10 disconnects ignored, the next user waiting 81 s)
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "25600", n_parallel=3, n_ctx=3 * 25600))
+    prompt = words(24000, seed=15)
+    full = spec(complete(server, prompt, 1, cache_prompt=False, id_slot=1))
+    assert full["status"] == "active" and full["score_ms"] > 2500, full  # long enough to tell a wait from none
+    streamer = Streamer(server, 0)
+    try:
+        _scoring_dropped(server, prompt, 1)
+        after = spec(complete(server, words(2000, seed=16), 1, id_slot=2))
+        streamed = streamer.tokens
+    finally:
+        streamer.close()
+    assert streamed > 20, streamed  # the other slot was streaming all along
+    assert after["status"] == "active", after
+    # noticed within the poll (1 s) and stopped before its next ubatch, not scored to its end
+    assert after["queue_ms"] < 0.5 * full["score_ms"], (after, full)
+    assert server.request("GET", "/health").status_code == 200
+
+
+def test_queue_max_prefills_in_full_what_would_wait_for_the_draft(server_factory, bpe_models):
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "16384", "--spec-prefill-queue-max", "0",
+                                      n_ctx=2 * 16384))
+    assert server.request("GET", "/props").json()["spec_prefill"]["queue_max"] == 0
+    small = words(2000, seed=30)
+    assert spec(complete(server, small, id_slot=1))["status"] == "active"  # an idle draft scores it
+    with ThreadPoolExecutor(1) as pool:
+        big = pool.submit(complete, server, words(12000, seed=31), 1, id_slot=0, cache_prompt=False)
+        deadline = time.monotonic() + 30
+        while slot_state(server, 0)["state"] != "scoring" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        body = complete(server, small, id_slot=1, cache_prompt=False)
+        scored = spec(big.result())
+    sp = spec(body)
+    assert sp["status"] == "skipped_queue", sp
+    assert "--spec-prefill-queue-max 0" in sp["reason"], sp
+    assert body["timings"]["prompt_n"] == sp["n_prompt"] == sp["n_kept"]  # prefilled in full, not waiting
+    assert scored["status"] == "active", scored
+    metrics = server.request("GET", "/metrics").text
+    assert 'spec_prefill_requests_total{status="skipped_queue"} 1' in metrics, metrics
+    assert "llamacpp:spec_prefill_queue_seconds_total" in metrics
+
+
+def test_a_request_whose_wait_would_eat_its_saving_is_prefilled_in_full(server_factory, bpe_models):
+    # the draft is as big as the target here, so scoring 1K tokens costs about their full prefill or more (a speedup
+    # of 0.24-0.8, measured or from the shapes): a break-even of 0.15 lets it through when the draft is idle, not
+    # behind a 12K-token prompt being scored (at least 12 times as long to score)
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "16384", n_ctx=2 * 16384))
+    small = words(1000, seed=32)
+    gate = {"break_even": 0.15}
+    assert spec(complete(server, small, id_slot=1, cache_prompt=False, spec_prefill=gate))["status"] == "active"
+    with ThreadPoolExecutor(1) as pool:
+        big = pool.submit(complete, server, words(12000, seed=33), 1, id_slot=0, cache_prompt=False)
+        deadline = time.monotonic() + 30
+        while slot_state(server, 0)["state"] != "scoring" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        behind = spec(complete(server, small, id_slot=1, cache_prompt=False, spec_prefill=gate))
+        big.result()
+    assert behind["status"] == "skipped_queue", behind
+    assert "after the wait for the prefill draft" in behind["reason"], behind
+    assert behind["queue_ms"] == 0, behind
 
 
 def test_slot_save_and_restore_keep_a_sparse_slot_known_as_sparse(server_factory, bpe_models, tmp_path):

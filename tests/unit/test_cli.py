@@ -154,3 +154,12 @@ def test_find_build_picks_the_backend_or_the_newest(workspace):
     assert find_build(workspace, None).backend == "vulkan"
     with pytest.raises(SpbuildError):
         find_build(workspace, "cuda")
+    # a sanitizer build, however new, only when asked for
+    with pytest.raises(SpbuildError, match="no sanitizer build") as err:
+        find_build(workspace, None, sanitized=True)
+    assert "--sanitize address,undefined" in (err.value.hint or "")
+    d = workspace.build_dir("cpu-asan-ubsan")
+    d.mkdir(parents=True)
+    BuildRecord("cpu", str(d), "a" * 40, [], ["llama-server"], {}, {}, sanitize=["address", "undefined"]).save()
+    assert find_build(workspace, None).backend == "vulkan"
+    assert find_build(workspace, None, sanitized=True).build_dir == str(d)

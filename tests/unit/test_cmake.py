@@ -68,6 +68,28 @@ def test_variants():
     assert cmake_defines(BuildConfig(), machine="x86_64")["LLAMA_BUILD_TESTS"] == "ON"
 
 
+def test_sanitizer_builds_use_llamas_own_options_in_a_folder_of_their_own():
+    config = BuildConfig(sanitize=["undefined", "address"])
+    defines = cmake_defines(config, machine="x86_64")
+    assert {k: defines[k] for k in ("LLAMA_SANITIZE_ADDRESS", "LLAMA_SANITIZE_UNDEFINED", "GGML_SANITIZE_ADDRESS",
+                                    "GGML_SANITIZE_UNDEFINED")} == dict.fromkeys(
+        ("LLAMA_SANITIZE_ADDRESS", "LLAMA_SANITIZE_UNDEFINED", "GGML_SANITIZE_ADDRESS", "GGML_SANITIZE_UNDEFINED"), "ON")
+    assert "LLAMA_SANITIZE_THREAD" not in defines
+    assert defines["CMAKE_BUILD_TYPE"] == "RelWithDebInfo"
+    assert config.name == "cpu-asan-ubsan"
+    assert BuildConfig(sanitize=["thread"]).name == "cpu-tsan"
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"sanitize": ["memory"]}, "unknown sanitizer memory"),
+    ({"sanitize": ["address"], "backend": "vulkan"}, "CPU backend only"),
+    ({"sanitize": ["address", "thread"]}, "cannot be combined"),
+])
+def test_sanitizer_builds_refuse_what_cannot_work(config, message):
+    with pytest.raises(SpbuildError, match=message):
+        BuildConfig(**config)
+
+
 def test_user_defines_override_defaults():
     config = BuildConfig(backend="vulkan", defines={"GGML_NATIVE": "ON", "GGML_VULKAN": "OFF", "GGML_AVX2": "OFF",
                                                      "CMAKE_CUDA_ARCHITECTURES": "90"})

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from spbuild import evaluate, reports, tasks
 from spbuild.errors import SpbuildError
 from spbuild.evaluate import Answer, Setting
+from spbuild.server import ServerProcess, refuse_own_address
 from spbuild.stats import Rate, Spread, rate
 
 
@@ -215,3 +216,17 @@ def test_variants_change_the_selection_shape_by_request_and_by_flag():
     for bad in ("chunk=64", "keep_last=-1", "keep_last=many", "keep_last", "chunk_lines=2", "lookahead=0"):
         with pytest.raises(SpbuildError, match="--vary"):
             evaluate.variants(bad)
+
+
+@pytest.mark.parametrize("server_args", ["--port 8080", "-ngl 99 --host 0.0.0.0", "--port=9"])
+def test_an_address_in_the_server_args_is_refused_before_anything_runs(tmp_path, capsys, server_args):
+    # the harness starts the server on a port of its own: with the user's --port last, it polled its own for 600 s
+    code = evaluate.main(["--bin", str(tmp_path), "--via", "server", f"--server-args={server_args}",
+                          "--out", str(tmp_path / "out")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the harness starts llama-server on a free local port of its own" in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SpbuildError, match="the harness starts llama-server"):
+        ServerProcess(tmp_path / "llama-server", server_args.split())
+    refuse_own_address(["-ngl", "99", "--portable"])  # a flag that only starts like one is fine

@@ -71,6 +71,17 @@ def test_clean_rebase_reports_every_patch_and_leaves_the_pin(h, up, setup, works
     assert patches.TreeState.load(git.Repo(workspace.source_dir)).fingerprint == patches.fingerprint(project, pin)
 
 
+def test_a_rebase_in_a_fresh_working_folder_fetches_the_pin_first(h, up, upstream, tmp_path, workspace):
+    # as `spbuild build` does: no `spbuild fetch` needed before it
+    pin = Pin(url=str(up), commit=upstream.c1, pypi=None)
+    project = h.make_project(tmp_path / "project", pin, upstream, [h.PATCH_COMMON, h.PATCH_GGML])
+    assert not workspace.source_dir.exists()
+    target = advance(h, up, "upstream: docs only", [("docs.md", "later\n", "later, and more\n")])
+    report = rebase.start(project, workspace, pin, target, NO_BUILD)
+    assert report.status == "applied", report
+    assert git.Repo(workspace.source_dir).commit(pin.commit).hexsha == pin.commit
+
+
 def test_offsets_are_reported_per_hunk(h, up, setup, workspace):
     project, pin = setup
     target = advance(h, up, "upstream: a header", [("common/common.cpp", "common line 1\n",

@@ -27,6 +27,7 @@ const char * server_spec_prefill_status_name(enum server_spec_prefill_status sta
         case SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN:   return "skipped_break_even";
         case SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD:   return "skipped_tool_guard";
         case SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE: return "skipped_incompatible";
+        case SERVER_SPEC_PREFILL_SKIPPED_QUEUE:        return "skipped_queue";
         case SERVER_SPEC_PREFILL_ERROR_FALLBACK:       return "error_fallback";
         case SERVER_SPEC_PREFILL_REUSED:               return "reused";
         case SERVER_SPEC_PREFILL_STATUS_COUNT:         break;
@@ -105,7 +106,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     params.min_tokens = spp.min_tokens;
     params.window     = spp.window;
     params.lookahead  = spp.lookahead;
-    params.break_even = spp.break_even;
+    params.break_even = spp.server.break_even;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
     if (spec_prefill_has(data, "specprefill")) {
@@ -157,7 +158,10 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 params.min_tokens = spec_prefill_get_int(obj, "min_tokens", "spec_prefill.min_tokens", SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "window")) {
-                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", SPEC_PREFILL_RANGE_WINDOW);
+                // no smaller than the server's floor (--spec-prefill-window-min): small windows cost more to score
+                auto range = SPEC_PREFILL_RANGE_WINDOW;
+                range.lo = std::max<double>(range.lo, spp.server.window_min);
+                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", range);
             }
             if (spec_prefill_has(obj, "lookahead")) {
                 // the draft context is prepared with room for this many rows, not more
@@ -256,6 +260,7 @@ void server_spec_prefill_metrics::add(const server_spec_prefill_timings & t, int
     n_tokens_scored  += n_scored;
     n_tokens_skipped += n_skipped;
     t_score_ms       += t.score_ms;
+    t_queue_ms       += t.queue_ms;
 }
 
 std::string server_spec_prefill_metrics::to_prometheus() const {
@@ -277,6 +282,8 @@ std::string server_spec_prefill_metrics::to_prometheus() const {
     counter("spec_prefill_tokens_scored_total", "Prompt tokens the prefill draft scored", (double) n_tokens_scored);
     counter("spec_prefill_tokens_skipped_total", "Scored prompt tokens the target did not prefill", (double) n_tokens_skipped);
     counter("spec_prefill_score_seconds_total", "Time spent scoring prompts with the prefill draft", t_score_ms / 1e3);
+    counter("spec_prefill_queue_seconds_total", "Time requests waited for the prefill draft while it scored others",
+            t_queue_ms / 1e3);
     return out.str();
 }
 
@@ -329,6 +336,7 @@ struct server_spec_prefill {
     std::condition_variable cv;      // a job was queued, or stop
     std::condition_variable cv_done; // a job ended
     std::deque<std::shared_ptr<server_spec_prefill_job>> queue;
+    std::shared_ptr<server_spec_prefill_job> running; // the job being scored, for the wait of the ones behind it
     uint64_t n_done = 0;
     uint64_t n_done_waited = 0; // n_done when server_spec_prefill_wait last returned
     bool stop = false;
@@ -353,8 +361,9 @@ static void spec_prefill_worker_loop(server_spec_prefill * sp) {
             }
             job = std::move(sp->queue.front());
             sp->queue.pop_front();
+            job->t_start_us = ggml_time_us();
+            sp->running = job;
         }
-        job->t_start_us = ggml_time_us();
         if (job->cancel.load()) {
             job->result.status = COMMON_SPEC_PREFILL_CANCELLED;
         } else {
@@ -364,6 +373,7 @@ static void spec_prefill_worker_loop(server_spec_prefill * sp) {
         job->done.store(true, std::memory_order_release);
         {
             std::unique_lock<std::mutex> lock(sp->mutex);
+            sp->running.reset();
             sp->n_done++;
         }
         sp->cv_done.notify_all();
@@ -428,7 +438,7 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
             sp->params.mparams.path.c_str(), desc, sp->devices.c_str(),
             common_spec_prefill_model_size(sp->core) / 1048576.0, common_spec_prefill_ctx_size(sp->core) / 1048576.0,
             sp->params.select.keep, common_spec_prefill_select_mode_name(sp->params.select.mode), sp->params.min_tokens,
-            sp->params.reuse_exact ? "exact" : "sparse");
+            sp->params.server.reuse_exact ? "exact" : "sparse");
     if (params.fit_params) {
         SPP_WRN("%s", "--fit does not account for the prefill draft's memory above; leave room for it "
                 "(-nglpd, --spec-prefill-ctx, or --fit-target)\n");
@@ -481,9 +491,11 @@ json server_spec_prefill_props(const common_params & params) {
         {"min_tokens",  spp.min_tokens},
         {"ctx",         spp.n_ctx},
         {"window",      spp.window},
-        {"reuse",       spp.reuse_exact ? "exact" : "sparse"},
-        {"break_even",  spp.break_even},
-        {"tool_guard",  spp.tool_guard},
+        {"reuse",       spp.server.reuse_exact ? "exact" : "sparse"},
+        {"break_even",  spp.server.break_even},
+        {"tool_guard",  spp.server.tool_guard},
+        {"queue_max",   spp.server.queue_max},
+        {"window_min",  spp.server.window_min},
     };
 }
 
@@ -513,7 +525,7 @@ int32_t server_spec_prefill_reuse(server_spec_prefill_slot & slot, const server_
         return n_past; // no attention positions (recurrent memory): nothing to tell
     }
     const int32_t first_gap = spec_prefill_first_gap(slot.held, n_past);
-    if (first_gap < n_past && (!params.enabled || slot.sp->params.reuse_exact)) {
+    if (first_gap < n_past && (!params.enabled || slot.sp->params.server.reuse_exact)) {
         // a full prefill must not stand on a sparse KV; exact reuse keeps only the dense part
         return first_gap;
     }
@@ -557,29 +569,80 @@ static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_
 
 // the estimated speedup of scoring these n_new tokens (after n_past) over prefilling them; `source` says where the
 // throughputs came from: measured on earlier requests, or, before both are, the models' shapes
-static double spec_prefill_estimated_speedup(const server_spec_prefill * sp, const server_spec_prefill_params & params,
-        int32_t n_past, int32_t n_new, std::string & source) {
-    if (n_new <= 0) {
-        return 0.0;
+// what a request's prefill costs each way, in ms from the throughputs the server measured or, until both are known,
+// in multiply-adds from the models' shapes: either way the three are in one unit, as is the wait for the scorer
+struct spec_prefill_estimate {
+    double t_full   = 0.0; // the target prefills the new tokens in full
+    double t_score  = 0.0; // the draft scores them
+    double t_sparse = 0.0; // the target prefills the kept ones
+    bool   measured = false;
+    std::string source;
+
+    double speedup(double t_wait = 0.0) const {
+        return t_full / (t_wait + t_score + t_sparse);
     }
+};
+
+// scoring n_new tokens after n_past (the same unit as spec_prefill_estimate_of's)
+static double spec_prefill_score_cost(const server_spec_prefill * sp, bool measured, int32_t n_past, int32_t n_new,
+        int32_t window, int32_t lookahead) {
+    if (measured) {
+        return n_new / sp->r_score;
+    }
+    // the draft attends within its window
+    const double n_draft_past = window > 0 ? std::min<double>(n_past, std::max(0, window - n_new)) : n_past;
+    const double n_draft_new  = window > 0 ? std::min<double>(n_new, window) : n_new;
+    return (double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
+            sp->cost_draft.prefill(lookahead, n_past + n_new);
+}
+
+static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
+        const server_spec_prefill_params & params, int32_t n_past, int32_t n_new) {
     const double f_kept = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
-    if (sp->r_target > 0.0 && sp->r_score > 0.0) {
-        source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
+    spec_prefill_estimate e;
+    e.measured = sp->r_target > 0.0 && sp->r_score > 0.0;
+    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead);
+    if (e.measured) {
+        e.source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
                 sp->r_score * 1e3);
-        const double t_full = n_new / sp->r_target;
-        const double t_spec = n_new / sp->r_score + f_kept * n_new / sp->r_target;
-        return t_full / t_spec;
+        e.t_full   = n_new / sp->r_target;
+        e.t_sparse = f_kept * n_new / sp->r_target;
+    } else {
+        // the target's sparse prefill attends to the kept tokens only
+        e.t_full   = sp->cost_target.prefill(n_new, n_past);
+        e.t_sparse = sp->cost_target.prefill(f_kept * n_new, f_kept * n_past);
+        e.source = string_format("estimated from the models' shapes: %.2f of the target's prefill to score, nothing "
+                "measured yet", e.t_score / e.t_full);
     }
-    // the draft attends within its window; the target's sparse prefill attends to the kept tokens only
-    const double n_draft_past = params.window > 0 ? std::min<double>(n_past, std::max(0, params.window - n_new)) : n_past;
-    const double n_draft_new  = params.window > 0 ? std::min<double>(n_new, params.window) : n_new;
-    const double t_full  = sp->cost_target.prefill(n_new, n_past);
-    const double t_score = (double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
-            sp->cost_draft.prefill(params.lookahead, n_past + n_new);
-    const double t_sparse = sp->cost_target.prefill(f_kept * n_new, f_kept * n_past);
-    source = string_format("estimated from the models' shapes: %.2f of the target's prefill to score, nothing "
-            "measured yet", t_score / t_full);
-    return t_full / (t_score + t_sparse);
+    return e;
+}
+
+// the scoring queued or running ahead of a new request, in the estimate's unit, how many wait, and whether the draft
+// is busy; a running job counts what is left of it where the throughput is measured, all of it where it is not
+static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, int32_t & n_waiting, bool & busy) {
+    std::unique_lock<std::mutex> lock(sp->mutex);
+    auto cost = [&](const server_spec_prefill_job & job) {
+        return spec_prefill_score_cost(sp, measured, job.req.n_past, (int32_t) job.prompt.size() - job.req.n_past,
+                job.req.window, job.req.lookahead);
+    };
+    double t_wait = 0.0;
+    n_waiting = 0;
+    busy = sp->running && !sp->running->cancel.load();
+    for (const auto & job : sp->queue) {
+        if (!job->cancel.load()) {
+            t_wait += cost(*job);
+            n_waiting++;
+        }
+    }
+    busy = busy || n_waiting > 0;
+    if (sp->running && !sp->running->cancel.load()) {
+        double left = cost(*sp->running);
+        if (measured) {
+            left = std::max(0.0, left - (ggml_time_us() - sp->running->t_start_us) / 1000.0);
+        }
+        t_wait += left;
+    }
+    return t_wait;
 }
 
 void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
@@ -630,7 +693,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     if (!compatible) {
         return decide(SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, "media in the prompt, or not a completion");
     }
-    if (params.has_tools && sp->params.tool_guard) {
+    if (params.has_tools && sp->params.server.tool_guard) {
         return decide(SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD, "the request has tools (--no-spec-prefill-tool-guard "
                 "scores such requests too)");
     }
@@ -641,13 +704,29 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
         return decide(SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS, string_format("%d new prompt tokens, below the minimum "
                 "of %d", n_new, params.min_tokens));
     }
-    if (params.break_even > 0.0f) {
-        std::string source;
-        const double speedup = spec_prefill_estimated_speedup(sp, params, n_past, n_new, source);
-        if (speedup > 0.0 && speedup < params.break_even) {
+    if (params.break_even > 0.0f || sp->params.server.queue_max >= 0) {
+        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new);
+        int32_t n_waiting = 0;
+        bool busy = false;
+        const double t_wait = spec_prefill_queue_cost(sp, e.measured, n_waiting, busy);
+        if (params.break_even > 0.0f && e.speedup() < params.break_even) {
             return decide(SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN, string_format("estimated speedup %.2fx, below "
-                    "the break-even of %.2f (--spec-prefill-break-even, spec_prefill.break_even; %s)", speedup,
-                    params.break_even, source.c_str()));
+                    "the break-even of %.2f (--spec-prefill-break-even, spec_prefill.break_even; %s)", e.speedup(),
+                    params.break_even, e.source.c_str()));
+        }
+        const int32_t queue_max = sp->params.server.queue_max;
+        if (queue_max >= 0 && busy && n_waiting >= queue_max) {
+            return decide(SERVER_SPEC_PREFILL_SKIPPED_QUEUE, string_format("the prefill draft is busy and %d "
+                    "request(s) already wait for it (--spec-prefill-queue-max %d)", n_waiting, queue_max));
+        }
+        if (params.break_even > 0.0f && t_wait > 0.0 && e.speedup(t_wait) < params.break_even) {
+            // the draft is busy: waiting for it would eat what scoring saves
+            const std::string wait = e.measured ? string_format("about %.0f ms", t_wait) :
+                    string_format("%.2f of the target's full prefill", t_wait / e.t_full);
+            return decide(SERVER_SPEC_PREFILL_SKIPPED_QUEUE, string_format("estimated speedup %.2fx after the wait "
+                    "for the prefill draft (%s; %d request(s) queued before this one), below the break-even of %.2f; "
+                    "%.2fx with an idle draft (%s)", e.speedup(t_wait), wait.c_str(), n_waiting, params.break_even,
+                    e.speedup(), e.source.c_str()));
         }
     }
 

@@ -56,6 +56,8 @@ enum server_spec_prefill_status {
     SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN,   // the estimated saving is below --spec-prefill-break-even
     SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD,   // a request with tools (--no-spec-prefill-tool-guard allows them)
     SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, // a prompt or task it cannot handle (media, embeddings)
+    SERVER_SPEC_PREFILL_SKIPPED_QUEUE,        // the draft is busy: --spec-prefill-queue-max requests already wait, or
+                                              // the expected wait would eat the expected saving (`reason` says which)
     SERVER_SPEC_PREFILL_ERROR_FALLBACK,       // scoring failed: the prompt was prefilled in full, `reason` says why
     SERVER_SPEC_PREFILL_REUSED,               // a sparse prefix from an earlier request was reused, the rest in full
     SERVER_SPEC_PREFILL_STATUS_COUNT,
@@ -102,6 +104,7 @@ struct server_spec_prefill_metrics {
     uint64_t n_tokens_scored  = 0; // new prompt tokens the draft scored
     uint64_t n_tokens_skipped = 0; // of those, the ones the target did not prefill
     double   t_score_ms       = 0.0;
+    double   t_queue_ms       = 0.0;
 
     void add(const server_spec_prefill_timings & t, int32_t n_scored, int32_t n_skipped);
 
