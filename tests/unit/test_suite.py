@@ -3,6 +3,8 @@ slow; the user's own pytest arguments come last, so they win; the workflow linte
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from spbuild import suite
 
 
@@ -26,3 +28,20 @@ def test_an_installed_linter_is_left_as_it_is(tmp_path, monkeypatch):
     suite.ensure_workflow_linter(tmp_path, tmp_path / "logs")
     assert not (tmp_path / "logs").exists()
 
+
+
+def test_the_sanitizer_tier_runs_the_tool_and_server_tests_that_exist(tmp_path):
+    args = suite.pytest_args(tmp_path, fast=False, extra=["-x"], sanitize=True)
+    files = [a for a in args if a.endswith(".py")]
+    assert files == [str(tmp_path / t) for t in suite.SANITIZE_TESTS]
+    assert args[-3:] == ["-m", "not slow", "-x"]
+    project = Path(__file__).resolve().parents[2]
+    assert all((project / t).is_file() for t in suite.SANITIZE_TESTS)  # a renamed file must not drop out silently
+
+
+def test_sanitizer_runs_stop_at_the_first_report_and_say_which_sanitizers():
+    assert suite.sanitizer_env([]) == {}
+    env = suite.sanitizer_env(["address", "undefined"])
+    assert env["SPBUILD_SANITIZE"] == "address,undefined"
+    assert "halt_on_error=1" in env["ASAN_OPTIONS"] and "detect_leaks=1" in env["ASAN_OPTIONS"]
+    assert "halt_on_error=1" in env["UBSAN_OPTIONS"]
