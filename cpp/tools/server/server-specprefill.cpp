@@ -130,7 +130,10 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
-                    spec_prefill_bad_field("spec_prefill." + item.key(),
+                    // the key as JSON writes it, without its quotes: a control character in it (a NUL ended the
+                    // message there) is escaped
+                    const std::string key = json(item.key()).dump();
+                    spec_prefill_bad_field("spec_prefill." + key.substr(1, key.size() - 2),
                             "unknown field (known: " + string_join(known, ", ") + ")");
                 }
             }
