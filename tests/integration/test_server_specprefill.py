@@ -541,8 +541,9 @@ def test_a_disconnect_during_scoring_is_noticed_while_another_slot_streams(serve
     # upstream's wait for a request's results restarted its one-second poll of the connection whenever any other
     # request's result arrived: with another client streaming, a dropped request was never noticed and its whole
     # scoring ran before the next request's (measured: 10 of 10 disconnects ignored, the next user waiting 81 s)
-    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "25600", n_parallel=3, n_ctx=3 * 25600))
-    prompt = words(24000, seed=15)
+    # the longest prompt the tiny models take (32K), so that its scoring lasts well beyond the one-second poll
+    server = server_factory(spec_args(bpe_models, "--spec-prefill-ctx", "32768", n_parallel=3, n_ctx=3 * 32768))
+    prompt = words(30000, seed=15)
     full = spec(complete(server, prompt, 1, cache_prompt=False, id_slot=1))
     assert full["status"] == "active" and full["score_ms"] > 2500, full  # long enough to tell a wait from none
     streamer = Streamer(server, 0)
