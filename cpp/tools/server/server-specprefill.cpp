@@ -570,8 +570,6 @@ static void spec_prefill_settle_past(server_spec_prefill_slot & slot, int32_t n_
     slot.held.shrink_to_fit();
 }
 
-// the estimated speedup of scoring these n_new tokens (after n_past) over prefilling them; `source` says where the
-// throughputs came from: measured on earlier requests, or, before both are, the models' shapes
 // what a request's prefill costs each way, in ms from the throughputs the server measured or, until both are known,
 // in multiply-adds from the models' shapes: either way the three are in one unit, as is the wait for the scorer
 struct spec_prefill_estimate {
@@ -579,7 +577,7 @@ struct spec_prefill_estimate {
     double t_score  = 0.0; // the draft scores them
     double t_sparse = 0.0; // the target prefills the kept ones
     bool   measured = false;
-    std::string source;
+    std::string source; // where the throughputs came from: measured on earlier requests, or the models' shapes
 
     double speedup(double t_wait = 0.0) const {
         return t_full / (t_wait + t_score + t_sparse);
