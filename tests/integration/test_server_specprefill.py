@@ -441,29 +441,52 @@ def test_concurrent_requests_with_mixed_settings(server_factory, bpe_models):
     assert server.request("GET", "/health").status_code == 200
 
 
-def _longest_gap_while_streaming(server, big_prompt: str, big_fields: dict) -> tuple[float, dict]:
-    """Slot 0 streams tokens while slot 1 gets a big prompt: the longest wait between slot 0's tokens, and slot 1's
-    response."""
-    arrivals: list[float] = []
-    started = threading.Event()
+class Streamer:
+    """A client streaming a long answer on one slot, so that results flow all the time, with each token's arrival
+    time; stopped by closing it."""
 
-    def stream():
-        with requests.post(f"{server.url}/completion", json={"prompt": words(20, seed=1), "n_predict": 400,
-                                                              "stream": True, "temperature": 0, "id_slot": 0,
+    def __init__(self, server, slot: int, n_predict: int = 12000) -> None:
+        self.arrivals: list[float] = []
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, slot, n_predict))
+        self._thread.start()
+        assert self._started.wait(120), "the streaming request produced no tokens"
+
+    def _run(self, server, slot: int, n_predict: int) -> None:
+        with requests.post(f"{server.url}/completion", json={"prompt": words(20, seed=1), "n_predict": n_predict,
+                                                              "stream": True, "temperature": 0, "id_slot": slot,
                                                               "ignore_eos": True}, stream=True, timeout=600) as r:
             for line in r.iter_lines():
                 if line.startswith(b"data: "):
-                    arrivals.append(time.monotonic())
-                    if len(arrivals) == 20:
-                        started.set()
+                    self.arrivals.append(time.monotonic())
+                    if len(self.arrivals) == 20:
+                        self._started.set()
+                if self._stop.is_set():
+                    return
 
-    streamer = threading.Thread(target=stream)
-    streamer.start()
-    assert started.wait(120)
+    @property
+    def tokens(self) -> int:
+        return len(self.arrivals)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def join(self) -> None:
+        """Waits for the answer to end by itself."""
+        self._thread.join()
+
+
+def _longest_gap_while_streaming(server, big_prompt: str, big_fields: dict) -> tuple[float, dict]:
+    """Slot 0 streams tokens while slot 1 gets a big prompt: the longest wait between slot 0's tokens, and slot 1's
+    response."""
+    streamer = Streamer(server, 0, n_predict=400)
     t0 = time.monotonic()
     body = complete(server, big_prompt, 1, id_slot=1, **big_fields)
     t1 = time.monotonic()
     streamer.join()
+    arrivals = streamer.arrivals
     during = [b - a for a, b in zip(arrivals, arrivals[1:]) if b > t0 and a < t1]
     return max(during), body
 
@@ -494,36 +517,6 @@ def test_a_client_that_disconnects_during_scoring_stops_it(server_factory, bpe_m
     assert spec(after)["queue_ms"] < 0.5 * full["score_ms"], (spec(after), full)
     assert time.monotonic() - t0 < 60
     assert server.request("GET", "/health").status_code == 200
-
-
-class Streamer:
-    """A client streaming a long answer on one slot, so that results flow all the time; stopped by closing it."""
-
-    def __init__(self, server, slot: int) -> None:
-        self.tokens = 0
-        self._stop = threading.Event()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(server, slot))
-        self._thread.start()
-        assert self._started.wait(120), "the streaming request produced no tokens"
-
-    def _run(self, server, slot: int) -> None:
-        with requests.post(f"{server.url}/completion", json={"prompt": words(20, seed=1), "n_predict": 12000,
-                                                              "stream": True, "temperature": 0, "id_slot": slot,
-                                                              "ignore_eos": True}, stream=True, timeout=600) as r:
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    self.tokens += 1
-                    if self.tokens == 10:
-                        self._started.set()
-                if self._stop.is_set():
-                    return
-
-    def close(self) -> int:
-        """Stops it; the number of tokens it had received."""
-        self._stop.set()
-        self._thread.join()
-        return self.tokens
 
 
 def _scoring_dropped(server, prompt: str, slot: int) -> None:

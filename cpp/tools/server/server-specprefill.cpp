@@ -628,15 +628,15 @@ static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, i
     };
     double t_wait = 0.0;
     n_waiting = 0;
-    busy = sp->running && !sp->running->cancel.load();
     for (const auto & job : sp->queue) {
         if (!job->cancel.load()) {
             t_wait += cost(*job);
             n_waiting++;
         }
     }
-    busy = busy || n_waiting > 0;
-    if (sp->running && !sp->running->cancel.load()) {
+    const bool running = sp->running && !sp->running->cancel.load();
+    busy = running || n_waiting > 0;
+    if (running) {
         double left = cost(*sp->running);
         if (measured) {
             left = std::max(0.0, left - (ggml_time_us() - sp->running->t_start_us) / 1000.0);
