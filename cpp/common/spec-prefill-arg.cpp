@@ -92,13 +92,23 @@ void common_spec_prefill_add_args(const common_params & params, const std::funct
     ).set_spec().set_examples({LLAMA_EXAMPLE_SPECULATIVE, LLAMA_EXAMPLE_SERVER, LLAMA_EXAMPLE_CLI}).set_env("LLAMA_ARG_SPEC_PREFILL"));
     add_opt(common_arg(
         {"-mpd", "--spec-prefill-model", "--spec-prefill-draft-model", "--speculative-prefill-model", "--speculative-prefill-draft-model", "--specprefill-draft-model"}, "FNAME",
-        "draft model that scores the prompt for speculative prefill; enables it (default: the --spec-draft-model)",
+        "draft model that scores the prompt for speculative prefill, or '" COMMON_SPEC_PREFILL_SELF "': the target's own "
+        "first --spec-prefill-layers layers, no second model; enables it (default: the --spec-draft-model)",
         [](common_params & params, const std::string & value) {
             params.spec_prefill.mparams.path    = value;
             params.spec_prefill.mparams.hf_file = value; // used if --spec-prefill-hf is set
             params.spec_prefill.enabled = true;
         }
     ).set_spec().set_examples({LLAMA_EXAMPLE_SPECULATIVE, LLAMA_EXAMPLE_SERVER, LLAMA_EXAMPLE_CLI}).set_env("LLAMA_ARG_SPEC_PREFILL_MODEL"));
+    add_opt(common_arg(
+        {"--spec-prefill-layers"}, "K",
+        "speculative prefill: score with the scorer's first K layers only; the rest of its graph is not computed, and "
+        "the query rows are the prompt's last --spec-prefill-lookahead tokens instead of greedy draft tokens "
+        "(default: 0 = all layers of a draft; a quarter of the target's with -mpd " COMMON_SPEC_PREFILL_SELF ")",
+        [](common_params & params, const std::string & value) {
+            params.spec_prefill.n_layers = spec_prefill_int("--spec-prefill-layers", value, SPEC_PREFILL_RANGE_COUNT);
+        }
+    ).set_spec().set_examples({LLAMA_EXAMPLE_SPECULATIVE, LLAMA_EXAMPLE_SERVER, LLAMA_EXAMPLE_CLI}).set_env("LLAMA_ARG_SPEC_PREFILL_LAYERS"));
     add_opt(common_arg(
         {"-hfpd", "--spec-prefill-hf", "--spec-prefill-draft-hf", "--speculative-prefill-hf", "--speculative-prefill-draft-hf"}, "<user>/<model>[:quant]",
         "Hugging Face repository of the speculative prefill draft; enables it",

@@ -6,6 +6,9 @@
 
 #include <cstdint>
 
+// what -mpd names to score with the target's own weights (its first --spec-prefill-layers layers) instead of a draft
+#define COMMON_SPEC_PREFILL_SELF "self"
+
 // the most query rows a request may ask for: the default (--spec-prefill-lookahead) or 8, the paper's, whichever is
 // more; the draft context keeps room for them (a few KV cells), so a request can choose 8 under a shorter default
 inline int32_t common_spec_prefill_lookahead_max(int32_t lookahead) {

@@ -75,15 +75,23 @@ struct common_spec_prefill {
     int32_t n_ubatch;
     enum llama_flash_attn_type flash_attn_type;
 
-    llama_model_ptr   model_owned; // null when the caller's speculative draft is shared
+    llama_model_ptr   model_owned; // null when the caller's speculative draft is shared, or the target scores
     llama_model     * model = nullptr;
+    bool              self  = false; // the target's own weights score (-mpd self)
     llama_context_ptr ctx;
     const llama_vocab * vocab = nullptr;
     std::vector<std::string> token_pieces; // per token id: its text (special tokens rendered), found at its first use
     std::vector<uint8_t>     token_known;  // per token id: token_pieces holds it
 
     int32_t n_layer     = 0;
+    int32_t n_layers    = 0; // layers a request scores with by default (all, or --spec-prefill-layers)
     int32_t n_swa       = 0;
+    // what the graph of one query step showed at init (spec_prefill_probe_layers): the layers with attention weights
+    // (not recurrent ones), and those whose output node ("l_out-<il>") the scheduler can stop after
+    std::vector<char> layer_attn;
+    std::vector<char> layer_out;
+    bool probed = false;
+    bool layer_stop = true; // stop the graph after the layers that score (LLAMA_SPEC_PREFILL_LAYER_STOP)
     int32_t n_ctx_max   = 0; // the most KV cells the draft context may have
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
@@ -99,7 +107,12 @@ struct common_spec_prefill {
 
     const std::atomic<bool> * cancel = nullptr; // the running request's cancel flag (read by the abort callback)
 
-    // query-step state (the eval callback is installed only for the query steps)
+    // the node after which the scheduler stops the graph ("l_out-<K-1>" when scoring with the first K layers; empty:
+    // the whole graph runs), and whether this decode reached it
+    std::string stop_name;
+    bool        stopped = false;
+
+    // query-step state (the eval callback is installed for the query steps, and for the prefill when it stops early)
     std::vector<char> layer_usable;
     std::vector<char> layer_seen;
     std::vector<spec_prefill_stream> streams;
@@ -107,6 +120,8 @@ struct common_spec_prefill {
     std::vector<int32_t>             step_layers;  // next decode, and their layers
     std::vector<float> buf;
     std::string capture_error;
+    int32_t n_usable    = 0; // layers the current round scores with (usable, with attention weights)
+    int32_t n_step_read = 0; // of them, those the current query step read
     common_spec_prefill_pool * pool = nullptr;   // threads for reading rows on the host, made once
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
     size_t graph_group_bytes = 0;                // the most weights its groups of layers hold
@@ -217,6 +232,7 @@ static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_te
     });
     sp->layer_seen[il] = 1;
     sp->n_reads_host++;
+    sp->n_step_read++;
     return true;
 }
 
@@ -226,13 +242,29 @@ static void spec_prefill_read_step(common_spec_prefill * sp);
 // outputs (patch 0003): nothing reuses their memory, so the decode runs through and they are read after it, all at
 // once. On the plain path the attention output reads them and their memory is reused after that, so the graph stops
 // at each one (a wait for the device per layer) and it is read here
+//
+// Scoring with the first K layers, the graph stops after layer K-1's output node: the scheduler computes a split up to
+// a node the callback asks for, and a false answer ends the split there. The nodes before it are everything the first
+// K layers need (their KV writes and attention weights are expanded into the graph as each layer is built); a split
+// after it (a model split across devices) still runs, on stale inputs, and its result is never read
 static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
     auto * sp = (common_spec_prefill *) user_data;
 
     static constexpr char prefix[] = "kq_soft_max-";
+    const bool stop = !sp->stop_name.empty() && sp->stop_name == t->name;
     if (!ask) {
         spec_prefill_read_step(sp);
+        if (stop) {
+            sp->stopped = true;
+            return false;
+        }
         return true; // false would abort the graph: errors are reported after the decode
+    }
+    if (stop) {
+        return true;
+    }
+    if (sp->streams.empty()) {
+        return false; // a prefill decode, only stopped
     }
     if (strncmp(t->name, prefix, sizeof(prefix) - 1) != 0) {
         return false;
@@ -280,6 +312,7 @@ static void spec_prefill_read_step(common_spec_prefill * sp) {
                 sp->layer_seen[il] = 1;
             }
             sp->n_reads_graph += (int32_t) on_graph.size();
+            sp->n_step_read   += (int32_t) on_graph.size();
         } else {
             // weights the graph rejects are checked again on the host: a fault of one prompt's graph costs that
             // prompt speed, an unsupported backend every prompt's
@@ -301,6 +334,8 @@ static void spec_prefill_read_step(common_spec_prefill * sp) {
 static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_batch & batch) {
     llama_context * ctx = sp->ctx.get();
     llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
+    sp->stopped = false;
+    sp->n_step_read = 0;
     const int32_t ret = llama_decode(ctx, batch);
     llama_set_eval_callback(ctx, nullptr, nullptr);
     llama_synchronize(ctx);
@@ -308,10 +343,29 @@ static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_b
         const int64_t t_reduce = ggml_time_us();
         spec_prefill_read_step(sp);
         sp->t_reduce_us += ggml_time_us() - t_reduce;
+        // every usable layer's weights must have been computed and read before the graph stopped (a backend that
+        // reorders nodes could put one after the stop)
+        if (sp->capture_error.empty() && sp->probed && sp->n_step_read < sp->n_usable) {
+            sp->capture_error = string_format("the draft's graph gave the attention weights of %d of the %d layers "
+                    "it scores with%s", sp->n_step_read, sp->n_usable, sp->stopped ? " before it stopped" : "");
+        }
     } else {
         sp->step_weights.clear();
         sp->step_layers.clear();
     }
+    return ret;
+}
+
+// a prefill decode of the draft: when it scores with its first K layers, the graph stops after layer K-1; else no
+// callback, which would make the scheduler wait after every split and stall the prefill's pipelining
+static int32_t spec_prefill_decode_prefill(common_spec_prefill * sp, const llama_batch & batch) {
+    llama_context * ctx = sp->ctx.get();
+    if (sp->stop_name.empty()) {
+        return llama_decode(ctx, batch);
+    }
+    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
+    const int32_t ret = llama_decode(ctx, batch);
+    llama_set_eval_callback(ctx, nullptr, nullptr);
     return ret;
 }
 
@@ -328,6 +382,95 @@ static void spec_prefill_batch_add(llama_batch & batch, llama_token tok, llama_p
 //
 // init
 //
+
+// names every node of the probe's graph goes by: "kq_soft_max-<il>" and "l_out-<il>" mark layer il's attention
+// weights and output
+static bool spec_prefill_probe_cb(ggml_tensor * t, bool ask, void * user_data) {
+    auto * sp = (common_spec_prefill *) user_data;
+    if (ask) {
+        int il = -1;
+        char rest = 0;
+        if (sscanf(t->name, "kq_soft_max-%d%c", &il, &rest) == 1 && il >= 0 && il < sp->n_layer) {
+            sp->layer_attn[il] = 1;
+        } else if (sscanf(t->name, "l_out-%d%c", &il, &rest) == 1 && il >= 0 && il < sp->n_layer) {
+            sp->layer_out[il] = 1;
+        }
+    }
+    return false;
+}
+
+// one query step of the scorer in a context of its own, to see which layers have attention weights (a hybrid model's
+// recurrent layers have none) and which layers' output the graph can stop after: what scoring with the first K layers
+// relies on, found in the graph itself rather than from a list of architectures. On failure every layer counts as
+// an attention layer without a stop
+static bool spec_prefill_probe_layers(common_spec_prefill * sp) {
+    sp->layer_attn.assign(sp->n_layer, 1);
+    sp->layer_out.assign(sp->n_layer, 0);
+
+    auto cparams = llama_context_default_params();
+    cparams.n_ctx           = 256;
+    cparams.n_seq_max       = 1;
+    cparams.n_batch         = 8;
+    cparams.n_ubatch        = 8;
+    cparams.n_threads       = sp->n_threads;
+    cparams.n_threads_batch = sp->n_threads_batch;
+    cparams.flash_attn_type = sp->flash_attn_type;
+    cparams.type_k          = GGML_TYPE_F16;
+    cparams.type_v          = GGML_TYPE_F16;
+    cparams.no_perf         = true;
+    llama_context_ptr ctx(llama_init_from_model(sp->model, cparams));
+    if (!ctx) {
+        return false;
+    }
+    llama_set_attn_weights_max_tokens(ctx.get(), 1);
+    const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
+    llama_batch batch = llama_batch_init(1, 0, 1);
+    spec_prefill_batch_add(batch, tok, 0, 0, false);
+    bool ok = llama_decode(ctx.get(), batch) == 0;
+    std::fill(sp->layer_attn.begin(), sp->layer_attn.end(), 0);
+    batch.n_tokens = 0;
+    spec_prefill_batch_add(batch, tok, 1, 0, true);
+    llama_set_eval_callback(ctx.get(), spec_prefill_probe_cb, sp);
+    ok = ok && llama_decode(ctx.get(), batch) == 0;
+    llama_batch_free(batch);
+    ok = ok && std::count(sp->layer_attn.begin(), sp->layer_attn.end(), 1) > 0;
+    if (!ok) {
+        sp->layer_attn.assign(sp->n_layer, 1);
+        sp->layer_out.assign(sp->n_layer, 0);
+    }
+    sp->probed = ok;
+    return ok;
+}
+
+// the first layer with attention over the whole context (not a sliding window), or -1
+static int32_t spec_prefill_first_full_layer(const common_spec_prefill * sp) {
+    for (int32_t il = 0; il < sp->n_layer; ++il) {
+        if (sp->layer_attn[il] && !llama_model_is_swa_layer(sp->model, il)) {
+            return il;
+        }
+    }
+    return -1;
+}
+
+// the target's default for scoring itself: a quarter of its layers, and at least its first full-attention one
+static int32_t spec_prefill_self_layers(const common_spec_prefill * sp) {
+    return std::min(sp->n_layer, std::max({ 1, sp->n_layer / 4, spec_prefill_first_full_layer(sp) + 1 }));
+}
+
+// why the first n_layers layers cannot score, or "": they must hold an attention layer that sees the whole context
+// (or, in a model with none, any attention layer)
+static std::string spec_prefill_layers_problem(const common_spec_prefill * sp, int32_t n_layers) {
+    const int32_t full = spec_prefill_first_full_layer(sp);
+    if (full >= n_layers) {
+        return string_format("its first %d layers hold no full-attention layer (the first is layer %d): score with "
+                "%d layers or more (--spec-prefill-layers, spec_prefill.layers)", n_layers, full, full + 1);
+    }
+    if (full < 0 && std::find(sp->layer_attn.begin(), sp->layer_attn.begin() + n_layers, 1) ==
+            sp->layer_attn.begin() + n_layers) {
+        return string_format("its first %d layers hold no attention layer", n_layers);
+    }
+    return "";
+}
 
 static bool spec_prefill_vocab_matches(const llama_vocab * tgt, const llama_vocab * dft, std::string & why) {
     if (llama_vocab_type(tgt) != llama_vocab_type(dft)) {
@@ -396,13 +539,17 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
+    // the target scores for itself: a context of its own on the target's weights, with the target's threads
+    const bool self = spp.mparams.path == COMMON_SPEC_PREFILL_SELF;
+
     // loaded as upstream loads a speculative draft (threads, cache types, no embeddings), not with the target's
     // tensor split, overrides or adapters
     const common_params params_spec = common_base_params_to_speculative(params);
-    common_params params_dft = params_spec;
+    common_params params_dft = self ? params : params_spec;
     params_dft.model = !spp.mparams.path.empty() ? spp.mparams : params.speculative.draft.mparams;
     if (params_dft.model.path.empty()) {
-        error = "speculative prefill needs a draft model: pass -mpd FILE (or --spec-draft-model)";
+        error = "speculative prefill needs a draft model: pass -mpd FILE (or --spec-draft-model), or -mpd "
+                COMMON_SPEC_PREFILL_SELF " to score with the target's first layers";
         return nullptr;
     }
     params_dft.n_gpu_layers = spp.n_gpu_layers;
@@ -414,10 +561,10 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
 
     // the speculative draft is loaded with -ngld/-devd (params_spec): the same file placed the same way is one
     // model, not two
-    const bool share = model_spec_draft && params_dft.model.path == params.speculative.draft.mparams.path &&
+    const bool share = !self && model_spec_draft && params_dft.model.path == params.speculative.draft.mparams.path &&
             params_dft.n_gpu_layers == params_spec.n_gpu_layers && params_dft.devices == params_spec.devices;
     llama_model_ptr model_owned;
-    if (!share) {
+    if (!share && !self) {
         auto mparams = common_model_params_to_llama(params_dft);
         model_owned.reset(llama_model_load_from_file(params_dft.model.path.c_str(), mparams));
         if (!model_owned) {
@@ -425,10 +572,11 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
             return nullptr;
         }
     }
-    llama_model * model = share ? model_spec_draft : model_owned.get();
+    // llama_init_from_model takes a non-const model, but does not change it
+    llama_model * model = self ? const_cast<llama_model *>(model_tgt) : share ? model_spec_draft : model_owned.get();
 
     // EAGLE3, DFlash and DSpark drafts read the target's hidden states: they cannot prefill a prompt on their own
-    if (llama_model_target_layer_ids_n(model) > 0) {
+    if (!self && llama_model_target_layer_ids_n(model) > 0) {
         error = "speculative prefill: the draft '" + params_dft.model.path + "' reads the target's hidden states "
                 "(an EAGLE3, DFlash or DSpark draft) and cannot score a prompt on its own: give the prefill a "
                 "standalone draft with -mpd FILE";
@@ -436,7 +584,7 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     }
 
     std::string why;
-    if (!spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model), why)) {
+    if (!self && !spec_prefill_vocab_matches(llama_model_get_vocab(model_tgt), llama_model_get_vocab(model), why)) {
         error = "speculative prefill: the draft '" + params_dft.model.path + "' does not share the target's "
                 "vocabulary: " + why;
         return nullptr;
@@ -466,8 +614,21 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         graph_group_bytes = (size_t) mb << 20;
     }
 
+    // LLAMA_SPEC_PREFILL_LAYER_STOP=0: scoring with fewer layers still computes the whole graph (the tests' reference
+    // for the stop)
+    bool layer_stop = true;
+    if (const char * env = getenv("LLAMA_SPEC_PREFILL_LAYER_STOP")) {
+        if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
+            error = string_format("LLAMA_SPEC_PREFILL_LAYER_STOP is '%s': use 1 (stop the graph after the layers that "
+                    "score) or 0 (compute all of them)", env);
+            return nullptr;
+        }
+        layer_stop = strcmp(env, "1") == 0;
+    }
+
     auto * sp = new common_spec_prefill;
     sp->params          = spp;
+    sp->layer_stop      = layer_stop;
     sp->scoring         = scoring;
     sp->graph_group_bytes = graph_group_bytes;
     sp->n_threads       = params_dft.cpuparams.n_threads;
@@ -484,9 +645,32 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->warmup          = params.warmup;
     sp->model           = model;
     sp->model_owned     = std::move(model_owned);
+    sp->self            = self;
     sp->layer_usable.assign(sp->n_layer, 0);
     sp->layer_seen.assign(sp->n_layer, 0);
     sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
+
+    if (!spec_prefill_probe_layers(sp)) {
+        LOG_WRN("%s: could not look into the scorer's graph: every layer counts as an attention layer, and scoring "
+                "with fewer layers runs the whole graph\n", __func__);
+    }
+    const std::string scorer = self ? "the target '" + params.model.path + "'" : "the draft '" + params_dft.model.path + "'";
+    if (spp.n_layers > sp->n_layer) {
+        error = string_format("speculative prefill: --spec-prefill-layers %d, but %s has %d layers", spp.n_layers,
+                scorer.c_str(), sp->n_layer);
+        common_spec_prefill_free(sp);
+        return nullptr;
+    }
+    sp->n_layers = spp.n_layers > 0 ? spp.n_layers : self ? spec_prefill_self_layers(sp) : sp->n_layer;
+    if (const std::string problem = spec_prefill_layers_problem(sp, sp->n_layers); !problem.empty()) {
+        error = "speculative prefill: " + scorer + ": " + problem;
+        common_spec_prefill_free(sp);
+        return nullptr;
+    }
+    if (sp->n_layers < sp->n_layer && sp->probed && !sp->layer_out[sp->n_layers - 1]) {
+        LOG_WRN("%s: %s names no output node for layer %d: scoring with its first %d layers computes all %d\n",
+                __func__, scorer.c_str(), sp->n_layers - 1, sp->n_layers, sp->n_layer);
+    }
 
     // a window wider than the context is narrowed to what fits when a prompt is planned (so a window of at least
     // the prompt's length always means "score it whole, as far as the context holds"); only a context too small
@@ -512,9 +696,11 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         return nullptr;
     }
 
-    LOG_INF("%s: draft '%s'%s: %d layers, sliding window %d, up to %d KV cells\n", __func__,
-            params_dft.model.path.c_str(), share ? " (the speculative-decoding draft's weights, shared)" : "",
-            sp->n_layer, sp->n_swa, sp->n_ctx_max);
+    LOG_INF("%s: scorer %s%s: %d layers, scoring with %s, sliding window %d, up to %d KV cells\n", __func__,
+            scorer.c_str(), share ? " (the speculative-decoding draft's weights, shared)" :
+            self ? " (its own weights, in a context of their own)" : "", sp->n_layer,
+            sp->n_layers == sp->n_layer ? "all of them" : string_format("the first %d", sp->n_layers).c_str(),
+            sp->n_swa, sp->n_ctx_max);
     return sp;
 }
 
@@ -661,6 +847,7 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
     llama_context * ctx = sp->ctx.get();
+    sp->stop_name.clear(); // the whole graph, whatever the last request scored with
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
     const int32_t n_prefill = std::min(sp->n_ubatch, sp->ctx_n_cells - 1);
 
@@ -683,7 +870,8 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
         sp->streams[s].done    = true;
         sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
     }
-    std::fill(sp->layer_usable.begin(), sp->layer_usable.end(), 1);
+    sp->layer_usable = sp->layer_attn;
+    sp->n_usable     = 0; // nothing to check: the whole graph runs
     ok = ok && spec_prefill_decode_query(sp, batch) == 0;
     const std::string error = sp->capture_error;
     ok = ok && error.empty();
@@ -802,7 +990,7 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
 }
 
 size_t common_spec_prefill_model_size(const common_spec_prefill * sp) {
-    return llama_model_size(sp->model);
+    return sp->self ? 0 : llama_model_size(sp->model);
 }
 
 size_t common_spec_prefill_ctx_size(const common_spec_prefill * sp) {
@@ -819,12 +1007,25 @@ const llama_model * common_spec_prefill_model(const common_spec_prefill * sp) {
     return sp->model;
 }
 
+bool common_spec_prefill_is_self(const common_spec_prefill * sp) {
+    return sp->self;
+}
+
+int32_t common_spec_prefill_n_layers(const common_spec_prefill * sp) {
+    return sp->n_layers;
+}
+
+int32_t common_spec_prefill_n_layer(const common_spec_prefill * sp) {
+    return sp->n_layer;
+}
+
 common_spec_prefill_request common_spec_prefill_default_request(const common_spec_prefill * sp) {
     common_spec_prefill_request req;
     req.select     = sp->params.select;
     req.min_tokens = sp->params.min_tokens;
     req.window     = sp->params.window;
     req.lookahead  = sp->params.lookahead;
+    req.n_layers   = sp->n_layers;
     return req;
 }
 
@@ -833,21 +1034,40 @@ common_spec_prefill_request common_spec_prefill_default_request(const common_spe
 //
 
 // score one round of windows, side by side as the sequences of one batch; writes their scores into `scores`
+//
+// The query rows: with every layer, the window's last token and n_look - 1 greedy lookahead tokens after it; with the
+// first n_layers only there are no logits to pick them from, so they are the window's last n_look tokens themselves
+// (the prompt's end, where the question is), prefilled one step at a time
 static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector<spec_prefill_window_seq *> & round,
-        int32_t n_look, common_spec_prefill_result & res, std::string & error) {
+        int32_t n_look, int32_t n_layers, common_spec_prefill_result & res, std::string & error) {
     llama_context * ctx = sp->ctx.get();
     llama_memory_t  mem = llama_get_memory(ctx);
     const int32_t n_seq  = (int32_t) round.size();
+    const bool tail_rows = n_layers < sp->n_layer;
 
     llama_memory_clear(mem, false);
+
+    // the rows come from the tail: as many as the shortest sequence has tokens after its first
+    int32_t n_len_min = INT32_MAX;
+    for (const auto * w : round) {
+        n_len_min = std::min(n_len_min, (int32_t) w->tokens.size());
+    }
+    if (tail_rows) {
+        n_look = std::max(1, std::min(n_look, n_len_min - 1));
+    }
+    // tokens of each sequence the query steps decode: its last one, or its last n_look
+    const int32_t n_query_own = tail_rows ? n_look : 1;
 
     // which layers see every key of the longest sequence of this round
     int32_t n_cells_max = 0;
     for (const auto * w : round) {
-        n_cells_max = std::max(n_cells_max, (int32_t) w->tokens.size() + n_look);
+        n_cells_max = std::max(n_cells_max, (int32_t) w->tokens.size() + (tail_rows ? 0 : n_look));
     }
+    sp->n_usable = 0;
     for (int32_t il = 0; il < sp->n_layer; ++il) {
-        sp->layer_usable[il] = !llama_model_is_swa_layer(sp->model, il) || sp->n_swa >= n_cells_max;
+        sp->layer_usable[il] = il < n_layers && sp->layer_attn[il] &&
+                (!llama_model_is_swa_layer(sp->model, il) || sp->n_swa >= n_cells_max);
+        sp->n_usable += sp->layer_usable[il];
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
@@ -866,7 +1086,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             return false;
         }
         const int64_t t_decode = ggml_time_us();
-        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
+        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : spec_prefill_decode_prefill(sp, batch);
         if (!query) {
             const int64_t t = ggml_time_us() - t_decode;
             n_decodes++;
@@ -881,7 +1101,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         return true;
     };
 
-    // 1. every window but its last token, with flash attention, no outputs. A window of a ubatch or more has batches
+    // 1. every window but its query tokens, with flash attention, no outputs. A window of a ubatch or more has batches
     // of its own: with one KV stream per window, a batch across two windows is split into ubatches of equal parts of
     // each, and the longer one's rest into a short ubatch; shorter windows share batches, or their ubatches would be
     // short
@@ -893,7 +1113,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         if (own_batches) {
             ok = flush();
         }
-        for (int32_t p = 0; p + 1 < (int32_t) toks.size() && ok; ++p) {
+        for (int32_t p = 0; p + n_query_own < (int32_t) toks.size() && ok; ++p) {
             spec_prefill_batch_add(batch, toks[p], p, s, false);
             if (batch.n_tokens == sp->n_batch) {
                 ok = flush();
@@ -911,19 +1131,20 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             "the final wait for the device %.1f ms\n", __func__, n_seq, (ggml_time_us() - t_prefill) / 1000.0,
             n_decodes, t_decode_us / 1000.0, t_decode_max_us / 1000.0, (ggml_time_us() - t_sync) / 1000.0);
 
-    // each sequence's attention KV holds positions [0, len - 1), all of them (hybrid memory reports the recurrent
-    // state's single position as its range, so look at the attention positions themselves)
+    // each sequence's attention KV holds positions [0, len - n_query_own), all of them (hybrid memory reports the
+    // recurrent state's single position as its range, so look at the attention positions themselves)
     for (int32_t s = 0; s < n_seq && ok; ++s) {
-        const int32_t len = (int32_t) round[s]->tokens.size();
+        const int32_t n_held = (int32_t) round[s]->tokens.size() - n_query_own;
         const std::vector<llama_pos> held = llama_memory_seq_positions(mem, s);
-        if (len > 1 && ((int32_t) held.size() != len - 1 || held.front() != 0 || held.back() != len - 2)) {
+        if (n_held > 0 && ((int32_t) held.size() != n_held || held.front() != 0 || held.back() != n_held - 1)) {
             error = string_format("draft sequence %d holds %zu attention positions, expected 0 to %d", s, held.size(),
-                    len - 2);
+                    n_held - 1);
             ok = false;
         }
     }
 
-    // 2. query steps, one token per sequence: the prompt's last token, then greedy lookahead tokens
+    // 2. query steps, one token per sequence: the prompt's last token, then greedy lookahead tokens (or the last
+    // n_look tokens)
     const int64_t t_query = ggml_time_us();
     sp->streams.assign(n_seq, {});
     for (int32_t s = 0; s < n_seq; ++s) {
@@ -944,14 +1165,14 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     for (int32_t k = 0; k < n_look && ok; ++k) {
         for (int32_t s = 0; s < n_seq; ++s) {
             auto & st = sp->streams[s];
-            const int32_t len = (int32_t) round[s]->tokens.size();
-            st.n_cells = len + k;
+            const int32_t pos = (int32_t) round[s]->tokens.size() - n_query_own + k;
+            st.n_cells = pos + 1;
             st.n_added = 0;
             if (!st.done) {
                 common_spec_prefill_scores_begin_row(st.scores);
             }
             // finished sequences still decode, so that every step holds all streams in order
-            spec_prefill_batch_add(batch, next[s], len - 1 + k, s, true);
+            spec_prefill_batch_add(batch, tail_rows ? round[s]->tokens[pos] : next[s], pos, s, !tail_rows);
             sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
         }
         ok = flush(/*query =*/ true);
@@ -973,6 +1194,10 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             }
             common_spec_prefill_scores_end_row(st.scores);
             res.n_rows++;
+            if (tail_rows) {
+                all_done = false;
+                continue;
+            }
 
             const float * logits = llama_get_logits_ith(ctx, s);
             next[s] = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
@@ -1029,6 +1254,11 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     if (const char * dev = spec_prefill_lost_device(sp)) {
         return full(COMMON_SPEC_PREFILL_FAILED, spec_prefill_lost_reason(dev));
     }
+    // the first n_layers layers score: the request's, at most all of them
+    const int32_t n_layers = req.n_layers > 0 ? std::min(req.n_layers, sp->n_layer) : sp->n_layers;
+    if (const std::string problem = spec_prefill_layers_problem(sp, n_layers); !problem.empty()) {
+        return full(COMMON_SPEC_PREFILL_FAILED, "the scorer: " + problem);
+    }
     const int32_t n_new = res.n_prompt - res.n_past;
     if (n_new < std::max(1, req.min_tokens)) {
         return full(COMMON_SPEC_PREFILL_SHORT, string_format("%d new prompt tokens, below the minimum of %d "
@@ -1065,6 +1295,9 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.n_draft_cells = sp->ctx_n_seq * sp->ctx_n_cells;
 
     res.scores.assign(res.n_prompt, 0.0f);
+    const bool stop = n_layers < sp->n_layer && sp->layer_out[n_layers - 1] && sp->layer_stop;
+    sp->stop_name = stop ? string_format("l_out-%d", n_layers - 1) : "";
+    res.n_layers_run = stop ? n_layers : sp->n_layer;
     sp->capture_error.clear();
     sp->n_reads_graph    = 0;
     sp->n_reads_host     = 0;
@@ -1079,7 +1312,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
             round.push_back(&plan.windows[w]);
         }
-        if (!spec_prefill_score_round(sp, round, n_look, res, error)) {
+        if (!spec_prefill_score_round(sp, round, n_look, n_layers, res, error)) {
             res.scores.clear();
             const bool cancelled = spec_prefill_cancelled(sp);
             sp->cancel = nullptr;

@@ -49,6 +49,7 @@ struct common_spec_prefill_result {
     int32_t n_draft_cells = 0; // KV cells of the draft context that scored it, over all its sequences
     int32_t n_rows     = 0; // query rows used, over all windows
     int32_t n_layers   = 0; // draft layers whose rows were used
+    int32_t n_layers_run = 0; // draft layers computed: the request's first n_layers, or all of them
     std::string reduced_on; // where the rows were reduced: a device ("CUDA0"), "host", or both ("CUDA0+host")
 
     double t_setup_ms         = 0.0; // (re)creating the draft context, when the prompt needed another shape
@@ -72,6 +73,11 @@ struct common_spec_prefill_request {
     // common_spec_prefill_lookahead_max(the scorer's), which its draft context has room for (0: the scorer's)
     int32_t lookahead  = 0;
 
+    // score with the scorer's first n_layers layers only: the rest of its graph is not computed, and with no logits
+    // the query rows are the prompt's last `lookahead` tokens instead of greedy lookahead tokens (0: the scorer's
+    // default; >= its layer count: all of them, with lookahead tokens)
+    int32_t n_layers   = 0;
+
     // prompt[0, n_past) is already in the target's KV: only [n_past, N) is scored and selected. The draft still sees
     // the prompt's first tokens and as much of the context before n_past as its context holds
     int32_t n_past = 0;
@@ -79,9 +85,11 @@ struct common_spec_prefill_request {
     // set from another thread: the scoring stops before its next ubatch (CPU: within one) and the result is CANCELLED
     const std::atomic<bool> * cancel = nullptr;
 };
+
 // Load the draft (params.spec_prefill.mparams, else the speculative draft model) and check that its vocabulary is
-// the target's. model_spec_draft: the speculative-decoding draft the caller already loaded, if any; when the prefill
-// draft is the same file placed on the same devices, it is used instead of a second copy (and not freed here).
+// the target's; for -mpd self (COMMON_SPEC_PREFILL_SELF) the scorer is model_tgt itself, in a context of its own.
+// model_spec_draft: the speculative-decoding draft the caller already loaded, if any; when the prefill draft is the
+// same file placed on the same devices, it is used instead of a second copy (and not freed here).
 // On failure: nullptr, and `error` says why.
 struct common_spec_prefill * common_spec_prefill_init(const common_params & params, const struct llama_model * model_tgt,
         struct llama_model * model_spec_draft, std::string & error);
@@ -104,8 +112,15 @@ bool common_spec_prefill_prepare(struct common_spec_prefill * sp, int32_t n_prom
 size_t common_spec_prefill_model_size(const struct common_spec_prefill * sp);
 size_t common_spec_prefill_ctx_size(const struct common_spec_prefill * sp);
 
-// the draft (for its name, devices, vocabulary)
+// the draft (for its name, devices, vocabulary): the target itself for COMMON_SPEC_PREFILL_SELF
 const struct llama_model * common_spec_prefill_model(const struct common_spec_prefill * sp);
+
+// whether the scorer is the target's own weights (-mpd self)
+bool common_spec_prefill_is_self(const struct common_spec_prefill * sp);
+
+// the layers a request scores with by default (--spec-prefill-layers, or all), and the scorer's layer count
+int32_t common_spec_prefill_n_layers(const struct common_spec_prefill * sp);
+int32_t common_spec_prefill_n_layer(const struct common_spec_prefill * sp);
 
 struct common_spec_prefill_request common_spec_prefill_default_request(const struct common_spec_prefill * sp);
 

@@ -36,7 +36,7 @@ import requests
 
 from spbuild import reports
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import Setting, numbers, status_of_tool, windows
+from spbuild.evaluate import SELF, Setting, numbers, scorers, status_of_tool, windows, with_layers
 from spbuild.models import KINDS, SHAPES, make
 from spbuild.server import ServerProcess, refuse_own_address
 from spbuild.stats import Spread
@@ -214,11 +214,17 @@ class ToolLeg:
         return measured
 
 
-def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_dir: Path,
+Leg = ServerLeg | ToolLeg
+
+
+def run(legs: Leg | dict[str, Leg], bin_dir: Path, draft: Path, plan: Plan, out_dir: Path,
         bench_args: Sequence[str] = (), on_step: Callable[[str], None] | None = None,
         on_size: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Every size under the full prefill and every setting: warm-up runs, then `plan.repeat` measured ones.
+    """Every size under the full prefill and every setting: warm-up runs, then `plan.repeat` measured ones. `legs`:
+    one per scorer the settings name (a single leg is the draft's); the first also measures the full prefill.
     `on_size` gets the rows so far after each size."""
+    legs = legs if isinstance(legs, dict) else {"draft": legs}
+    first = next(iter(legs.values()))
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     step = on_step or (lambda _: None)
@@ -229,13 +235,13 @@ def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_di
         measured = {}
         for setting in plan.settings:
             try:
-                runs = leg.sparse(prompt, setting, plan.warmup, plan.repeat)
+                runs = legs[setting.scorer].sparse(prompt, setting, plan.warmup, plan.repeat)
             except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
                 runs = str(err)
             measured[setting] = runs
             step(f"N={n:,} {setting.name}")
         try:
-            full = leg.full(prompt, plan.warmup, plan.repeat)
+            full = first.full(prompt, plan.warmup, plan.repeat)
         except (SpbuildError, requests.RequestException) as err:
             full = []
             for setting in plan.settings:
@@ -252,7 +258,8 @@ def run(leg: ServerLeg | ToolLeg, bin_dir: Path, draft: Path, plan: Plan, out_di
 def _row(n: int, setting: Setting, runs: list[dict] | str, t_full: Spread, t_draft: Spread,
          draft_argv: list[str]) -> dict:
     row: dict = {"n_prompt": n, "setting": setting.name, "select": setting.select, "value": setting.value,
-                 "window": setting.window, "llama_bench": draft_argv[1:]}
+                 "window": setting.window, "variant": setting.variant_name, "scorer": setting.scorer,
+                 "llama_bench": draft_argv[1:]}
     if isinstance(runs, str):
         return {**row, "error": runs[-500:]}
     spec = Spread.of([r["ttft_ms"] for r in runs])
@@ -373,6 +380,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8192,32768", help="prompt lengths in tokens, comma-separated")
     parser.add_argument("--p", default="0.1,0.3", help="fractions kept, comma-separated")
     parser.add_argument("--window", default="0,8192", help="scoring windows, comma-separated (0: the whole prompt)")
+    parser.add_argument("--layers", default="0", help="score with the scorer's first K layers, comma-separated counts "
+                        "(0: its default, all layers of a draft)")
+    parser.add_argument("--scorers", default="draft", help="what scores: draft (the prefill draft), self (the target's "
+                        "own first layers, -mpd self), or both, comma-separated; one server each")
     parser.add_argument("--repeat", type=int, default=3, help="measured runs per setting (median and spread)")
     parser.add_argument("--warmup", type=int, default=1, help="runs before the measured ones, per setting")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="where results.json/.md and bench.png go")
@@ -412,18 +423,35 @@ def check_args(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
             progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
     """Run the bench the options describe and write its reports; returns the files written."""
-    plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w) for w in windows(args.window)
-                                           for p in numbers(args.p, float)], args.repeat,
-                args.warmup)
+    plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w, variant, scorer)
+                                           for scorer in scorers(args.scorers)
+                                           for variant in with_layers([()], args.layers)
+                                           for w in windows(args.window) for p in numbers(args.p, float)],
+                args.repeat, args.warmup)
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     n_ctx = max(plan.sizes)
-    leg: ServerLeg | ToolLeg
-    if args.via == "server":
-        leg = ServerLeg(bin_dir, target, draft, n_ctx, args.server_args.split(), args.draft_args.split(),
-                        out_dir / "server.log")
-    else:
-        leg = ToolLeg(bin_dir, target, draft, n_ctx, args.server_args.split(), args.draft_args.split(), out_dir)
+
+    def leg_for(scorer: str) -> Leg:
+        scored_by = Path(SELF) if scorer == "self" else draft
+        # the target scores for itself on the target's devices: no draft arguments
+        draft_args = args.draft_args.split() if scorer == "draft" else []
+        if args.via == "server":
+            log = out_dir / ("server.log" if scorer == "draft" else f"server-{scorer}.log")
+            return ServerLeg(bin_dir, target, scored_by, n_ctx, args.server_args.split(), draft_args, log)
+        work = out_dir if scorer == "draft" else out_dir / f"tool-{scorer}"
+        work.mkdir(parents=True, exist_ok=True)
+        return ToolLeg(bin_dir, target, scored_by, n_ctx, args.server_args.split(), draft_args, work)
+
+    legs: dict[str, Leg] = {}
+    try:
+        for scorer in dict.fromkeys(s.scorer for s in plan.settings):
+            legs[scorer] = leg_for(scorer)
+    except BaseException:
+        for made in legs.values():
+            made.close()
+        raise
+    leg = next(iter(legs.values()))
     step = progress(plan.steps) if progress else None
     meta = {"via": args.via, "target": str(target), "draft": str(draft), "sizes": plan.sizes, "repeat": plan.repeat,
             "warmup": plan.warmup, "command": leg.command(),
@@ -433,10 +461,11 @@ def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
     started = time.monotonic()
     try:
         # the reports grow with every size, so a run cut short keeps what it measured
-        rows = run(leg, bin_dir, draft, plan, out_dir, args.bench_args.split(), step,
+        rows = run(legs, bin_dir, draft, plan, out_dir, args.bench_args.split(), step,
                    lambda so_far: reports.write(out_dir, "bench", {**meta, "complete": False}, so_far, plots=False))
     finally:
-        leg.close()
+        for made in legs.values():
+            made.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
     return reports.write_complete(out_dir, "bench", meta, rows, plots=not args.no_plots)
 

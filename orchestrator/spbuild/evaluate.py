@@ -36,7 +36,7 @@ VARIANT_FIELDS = {"chunk_size": "--spec-prefill-chunk", "chunk_lines": "--spec-p
                     "complete_lines": "--spec-prefill-complete-lines",
                     "question_lines": "--spec-prefill-question-lines",
                     "keep_first": "--spec-prefill-keep-first", "keep_last": "--spec-prefill-keep-last",
-                    "lookahead": "--spec-prefill-lookahead"}
+                    "lookahead": "--spec-prefill-lookahead", "layers": "--spec-prefill-layers"}
 # the window a Setting of window 0 sends: longer than any prompt, so scored whole (the server's own 0 is automatic, and
 # windows prompts of more than 16K new tokens)
 WHOLE_PROMPT = 1 << 30
@@ -44,17 +44,23 @@ WHOLE_PROMPT = 1 << 30
 # on or off: 1 or 0 in --vary, a boolean in the request, a flag or its --no- form
 SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 
+# what scores the prompt: the prefill draft, or the target's own first layers (-mpd self), one server each
+SCORERS = ("draft", "self")
+SELF = "self"  # -mpd's name for the target's own weights
+
 
 @dataclass(frozen=True)
 class Setting:
     """One spec-prefill configuration: keep a fraction p, or the smallest set holding `value` of the score mass; score
     the whole prompt (window 0) or in windows of `window` tokens; `variant` changes the selection's shape (chunk size,
-    always-kept head and tail) or the lookahead from the server's defaults."""
+    always-kept head and tail), the lookahead or the layers that score from the server's defaults; `scorer` is the
+    prefill draft or the target itself (SCORERS)."""
 
     select: str  # keep | mass
     value: float
     window: int = 0
     variant: tuple[tuple[str, int], ...] = ()
+    scorer: str = "draft"
 
     @property
     def variant_name(self) -> str:
@@ -64,7 +70,8 @@ class Setting:
     def name(self) -> str:
         what = f"p={self.value:g}" if self.select == "keep" else f"mass={self.value:g}"
         name = f"{what} " + ("full" if self.window == 0 else f"W={self.window}")
-        return f"{name} {self.variant_name}" if self.variant else name
+        name = f"{name} {self.variant_name}" if self.variant else name
+        return f"{name} self" if self.scorer == "self" else name
 
     def request(self) -> dict:
         fields: dict = {"enabled": True, "min_tokens": 0, "window": self.window or WHOLE_PROMPT, "return_kept": True,
@@ -87,13 +94,32 @@ class Setting:
 
 
 def settings_grid(ps: Iterable[float], windows: Iterable[int], masses: Iterable[float] = (),
-                  variants: Iterable[tuple[tuple[str, int], ...]] = ((),)) -> list[Setting]:
-    windows, ps, masses = list(windows), list(ps), list(masses)
+                  variants: Iterable[tuple[tuple[str, int], ...]] = ((),),
+                  scorers: Iterable[str] = ("draft",)) -> list[Setting]:
+    windows, ps, masses, variants = list(windows), list(ps), list(masses), list(variants)
     grid = []
-    for variant in variants:
-        grid += [Setting("keep", p, w, variant) for w in windows for p in ps]
-        grid += [Setting("mass", m, w, variant) for w in windows for m in masses]
+    for scorer in scorers:
+        for variant in variants:
+            grid += [Setting("keep", p, w, variant, scorer) for w in windows for p in ps]
+            grid += [Setting("mass", m, w, variant, scorer) for w in windows for m in masses]
     return grid
+
+
+def with_layers(variants: Iterable[tuple[tuple[str, int], ...]], text: str) -> list[tuple[tuple[str, int], ...]]:
+    """--layers: every variant again for each layer count (0: the scorer's default, all layers of a draft), e.g. "0,12,6"
+    compares a draft's whole depth with its first 12 and 6 layers in one run."""
+    try:
+        counts = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(k < 0 for k in counts):
+        raise SpbuildError(f"--layers takes layer counts, 0 (the scorer's default) or more, got {text!r}")
+    return [(*v, ("layers", k)) if k else v for k in counts for v in variants]
+
+
+def scorers(text: str) -> list[str]:
+    """--scorers: draft (the prefill draft), self (the target's own first layers), or both, comma-separated."""
+    return _names(text, SCORERS, "scorer")
 
 
 def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
@@ -288,7 +314,8 @@ def outcome(case: tasks.Case, setting: Setting, pieces: Sequence[str], full: Ans
     return {
         "case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
         "n_prompt": len(pieces), "setting": setting.name, "select": setting.select, "value": setting.value,
-        "window": setting.window, "variant": setting.variant_name, "status": spec.status, "reason": spec.reason,
+        "window": setting.window, "variant": setting.variant_name, "scorer": setting.scorer, "status": spec.status,
+        "reason": spec.reason,
         "n_windows": spec.n_windows,
         "n_kept": len(kept) if kept is not None else None,
         "evidence_tokens": n_evidence, "evidence_tokens_kept": n_evidence_kept if kept is not None else None,
@@ -368,7 +395,7 @@ def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Settin
 def _failed(case: tasks.Case, setting: Setting, error: str) -> dict:
     return {"case": case.id, "kind": case.kind, "filler": case.filler, "n_tokens": case.n_tokens, "depth": case.depth,
            "setting": setting.name, "select": setting.select, "value": setting.value, "window": setting.window,
-           "variant": setting.variant_name, "status": "failed", "error": error[-500:]}
+           "variant": setting.variant_name, "scorer": setting.scorer, "status": "failed", "error": error[-500:]}
 
 
 def case_record(case: tasks.Case) -> dict:
@@ -405,6 +432,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
     parser.add_argument("--vary", default="", help="also these selection variants, ';'-separated, each FIELD=N[,...] "
                         f"with FIELD one of {', '.join(VARIANT_FIELDS)}: every p and window again with it")
+    parser.add_argument("--layers", default="0", help="score with the scorer's first K layers, comma-separated counts "
+                        "(0: its default, all layers of a draft): every setting again with each")
+    parser.add_argument("--scorers", default="draft", help="what scores: draft (the prefill draft), self (the target's "
+                        "own first layers, -mpd self), or both, comma-separated; one server each, the same cases")
     parser.add_argument("--out", type=Path, default=Path("eval-out"), help="where results.json/.md and the plots go")
     parser.add_argument("--server-args", default="", help="arguments of the server (or the tool): devices, -ngl, -fa")
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
@@ -449,23 +480,29 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     fillers = _names(args.fillers, tasks.FILLERS, "filler")
     lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
     settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
-                             variants(args.vary))
+                             with_layers(variants(args.vary), args.layers), scorers(args.scorers))
     if not settings or not lengths or not depths:
         raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     n_ctx = int(max(lengths) * 1.1) + 256  # the two-step sizing lands within a few percent; the tool's, within 15%
-    backend: ServerBackend | ToolBackend
-    if args.via == "server":
-        backend = ServerBackend(bin_dir, target, draft, n_ctx, args.server_args.split(), out_dir / "server.log")
-        count: Callable[[str], int] | None = backend.count_tokens
-    else:
-        backend = ToolBackend(bin_dir, target, draft, int(max(lengths) * 1.2) + 256, args.server_args.split(),
-                              out_dir / "tool")
-        count = None
+    used = [sc for sc in SCORERS if any(s.scorer == sc for s in settings)]
+
+    def backend_for(scorer: str) -> ServerBackend | ToolBackend:
+        scored_by = Path(SELF) if scorer == "self" else draft
+        log = out_dir / ("server.log" if scorer == "draft" else f"server-{scorer}.log")
+        if args.via == "server":
+            return ServerBackend(bin_dir, target, scored_by, n_ctx, args.server_args.split(), log)
+        return ToolBackend(bin_dir, target, scored_by, int(max(lengths) * 1.2) + 256, args.server_args.split(),
+                           out_dir / ("tool" if scorer == "draft" else f"tool-{scorer}"))
+
     started = time.monotonic()
     rows: list[dict] = []
+    # the cases are made with the first scorer's server (the tokenizer and the chat template are the target's), then
+    # each scorer's server runs all of them in turn: one at a time, so that two targets are never in memory
+    backend = backend_for(used[0])
     try:
+        count = backend.count_tokens if isinstance(backend, ServerBackend) else None
         cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat,
                             source_tree=source_tree)
         if isinstance(backend, ServerBackend) and args.chat:
@@ -475,6 +512,7 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
                 f.write(json.dumps(asdict(case)) + "\n")
         meta = {"via": args.via, "pair": None if args.target else args.pair, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
                 "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
+                "scorers": used,
                 "describe": {"via": args.via, "target": target.name, "draft": draft.name,
                              "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
                                       f"{', '.join(map(str, lengths))}; depths {', '.join(map(str, depths))})",
@@ -487,7 +525,11 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
             reports.write(out_dir, "eval", {**meta, "complete": False}, rows, plots=False)
             if shown:
                 shown(row)
-        run(backend, cases, settings, on_row)
+        for i, scorer in enumerate(used):
+            if i > 0:
+                backend.close()
+                backend = backend_for(scorer)
+            run(backend, cases, [s for s in settings if s.scorer == scorer], on_row)
     finally:
         backend.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)

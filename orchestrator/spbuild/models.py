@@ -22,6 +22,8 @@ SHAPES: dict[str, dict[str, int]] = {
     "8b": {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336},
     "1.5b": {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "n_ff": 8192},
     "tiny": {"n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512},
+    # for tests of scoring with the first layers: enough layers to stop after any of three
+    "tiny-deep": {"n_embd": 256, "n_layer": 4, "n_head": 4, "n_head_kv": 2, "n_ff": 512},
     # for tests: with sharp attention, a token attends almost only to itself (see make_model)
     "sharp": {"n_embd": 256, "n_layer": 1, "n_head": 4, "n_head_kv": 4, "n_ff": 256},
 }

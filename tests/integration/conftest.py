@@ -75,6 +75,17 @@ def bpe_models(workspace: Workspace, source_tree: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def deep_model(workspace: Workspace, source_tree: Path) -> Path:
+    """A four-layer llama-bpe model (the tiny shape, twice as deep): scoring with its first one, two or three layers
+    stops its graph at each place."""
+    path = workspace.models_dir / "bpe" / "tiny-deep.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        models.make_model(source_tree, "tiny-deep", path, n_ctx_train=32768, seed=2)
+    return path
+
+
+@pytest.fixture(scope="session")
 def spec_decoding_models(workspace: Workspace, source_tree: Path) -> dict[str, Path]:
     """Models for each speculative-decoding type, all with the llama-bpe vocabulary: a tiny llama target whose
     attention is sharp enough that greedy output follows the context (with the plain tiny target it settles on one

@@ -237,6 +237,8 @@ def test_question_lines_keep_the_lines_that_share_a_rare_word_with_the_question(
     ({"spec_prefill": {"mass": 1e-300}}, "spec_prefill.mass"),
     ({"specprefill_keep_pct": 1e-300}, "specprefill_keep_pct"),
     ({"spec_prefill": {"window": 2 ** 40}}, "spec_prefill.window"),
+    ({"spec_prefill": {"layers": -1}}, "spec_prefill.layers"),
+    ({"spec_prefill": {"layers": 1.5}}, "spec_prefill.layers"),
     ({"spec_prefill": {"break_even": 1e300}}, "spec_prefill.break_even"),
 ])
 def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
@@ -278,6 +280,35 @@ def test_a_request_chooses_its_lookahead(spec_server):
     # the greedy tokens' rows score the prompt otherwise than the last token's alone
     assert default["kept"] != one["kept"]
     assert spec_server.request("GET", "/props").json()["spec_prefill"]["lookahead"] == 8
+
+
+def test_a_request_scores_with_the_first_layers(spec_server):
+    """spec_prefill.layers: the draft's first K layers score (the rest of its graph is not computed) and the rows are
+    the prompt's last tokens; the response says how many layers ran. More than the draft has is all of them."""
+    prompt = words(2000, seed=32)
+    full = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"return_kept": True}))
+    first = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"layers": 1, "return_kept": True}))
+    every = spec(complete(spec_server, prompt, cache_prompt=False, spec_prefill={"layers": 99, "return_kept": True}))
+    assert full["status"] == first["status"] == every["status"] == "active", (full, first, every)
+    assert (full["n_layers"], first["n_layers"], every["n_layers"]) == (2, 1, 2)
+    assert first["n_rows"] == 8  # the prompt's last eight tokens, none generated
+    assert first["kept"] != full["kept"] and every["kept"] == full["kept"]
+    assert spec_server.request("GET", "/props").json()["spec_prefill"]["layers"] == 0
+
+
+def test_the_target_scores_for_itself(server_factory, bpe_models):
+    """-mpd self: no second model; by default a quarter of the target's layers (at least one) score, here one of
+    two, and the target answers from the sparse KV as with a draft."""
+    args = spec_args(bpe_models)
+    args[args.index("-mpd") + 1] = "self"
+    server = server_factory(args)
+    assert server.request("GET", "/props").json()["spec_prefill"]["draft"] == "self"
+    body = complete(server, words(3000, seed=33), id_slot=0)
+    sp = spec(body)
+    assert sp["status"] == "active" and sp["n_layers"] == 1, sp
+    assert body["timings"]["prompt_n"] == sp["n_kept"] < sp["n_prompt"]
+    two = spec(complete(server, words(3000, seed=33), id_slot=1, spec_prefill={"layers": 2}))
+    assert two["status"] == "active" and two["n_layers"] == 2, two
 
 
 def test_every_endpoint_reports_it(spec_server):

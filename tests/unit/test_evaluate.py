@@ -218,6 +218,27 @@ def test_variants_change_the_selection_shape_by_request_and_by_flag():
             evaluate.variants(bad)
 
 
+def test_layer_counts_and_scorers_are_settings_of_one_run():
+    """--layers repeats every variant per layer count (0: the scorer's default), --scorers every setting per scorer;
+    the names tell them apart, and a layer count travels as a request field and a flag alike."""
+    grid = evaluate.settings_grid([0.2], [0], (), evaluate.with_layers(evaluate.variants("lookahead=1"), "0,6"),
+                                  evaluate.scorers("draft,self"))
+    assert [s.name for s in grid] == ["p=0.2 full", "p=0.2 full lookahead=1", "p=0.2 full layers=6",
+                                      "p=0.2 full lookahead=1,layers=6", "p=0.2 full self",
+                                      "p=0.2 full lookahead=1 self", "p=0.2 full layers=6 self",
+                                      "p=0.2 full lookahead=1,layers=6 self"]
+    six = grid[2]
+    assert six.scorer == "draft" and six.request()["layers"] == 6 and "layers" not in grid[0].request()
+    args = six.tool_args()
+    assert args[args.index("--spec-prefill-layers") + 1] == "6"
+    assert {s.scorer for s in grid[4:]} == {"self"}
+    for bad in ("-1", "six", ""):
+        with pytest.raises(SpbuildError, match="--layers"):
+            evaluate.with_layers([()], bad)
+    with pytest.raises(SpbuildError, match="unknown scorer: target"):
+        evaluate.scorers("draft,target")
+
+
 @pytest.mark.parametrize("server_args", ["--port 8080", "-ngl 99 --host 0.0.0.0", "--port=9"])
 def test_an_address_in_the_server_args_is_refused_before_anything_runs(tmp_path, capsys, server_args):
     # the harness starts the server on a port of its own: with the user's --port last, it polled its own for 600 s

@@ -48,6 +48,7 @@ json server_spec_prefill_params::to_json() const {
         {"min_tokens", min_tokens},
         {"window",     window},
         {"lookahead",  lookahead},
+        {"layers",     layers},
         {"break_even", break_even},
         {"max_keep",   select.max_keep},
         {"chunk_size", select.chunk_size},
@@ -106,6 +107,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     params.min_tokens = spp.min_tokens;
     params.window     = spp.window;
     params.lookahead  = spp.lookahead;
+    params.layers     = spp.n_layers;
     params.break_even = spp.server.break_even;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
@@ -126,7 +128,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
             static const std::vector<std::string> known = { "enabled", "p", "select", "mass", "min_tokens",
-                "window", "lookahead", "break_even", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
+                "window", "lookahead", "layers", "break_even", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
                 "keep_first", "keep_last", "return_kept" };
             for (const auto & item : obj.items()) {
                 if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
@@ -171,6 +173,10 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
                 auto range = SPEC_PREFILL_RANGE_LOOKAHEAD;
                 range.hi = common_spec_prefill_lookahead_max(spp.lookahead);
                 params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", range);
+            }
+            if (spec_prefill_has(obj, "layers")) {
+                // more than the scorer has means all of them, as a window longer than the prompt means no windows
+                params.layers = spec_prefill_get_int(obj, "layers", "spec_prefill.layers", SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "break_even")) {
                 params.break_even = spec_prefill_get_float(obj, "break_even", "spec_prefill.break_even",
@@ -241,6 +247,7 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
         {"n_windows",         n_windows},
         {"n_parallel",        n_parallel},
         {"n_rows",            n_rows},
+        {"n_layers",          n_layers},
     };
     if (return_kept) {
         json ranges = json::array();
@@ -478,6 +485,7 @@ json server_spec_prefill_props(const common_params & params) {
     return json {
         {"enabled",     true},
         {"draft",       spp.mparams.path.empty() ? params.speculative.draft.mparams.path : spp.mparams.path},
+        {"layers",      spp.n_layers},
         {"device",      spec_prefill_devices_str(spp.devices)},
         {"p",           spp.select.keep},
         {"select",      common_spec_prefill_select_mode_name(spp.select.mode)},
@@ -584,17 +592,26 @@ struct spec_prefill_estimate {
     }
 };
 
-// scoring n_new tokens after n_past (the same unit as spec_prefill_estimate_of's)
+// the share of the scorer's layers a request computes (spec_prefill.layers, else --spec-prefill-layers)
+static double spec_prefill_depth(const server_spec_prefill * sp, int32_t layers) {
+    const int32_t n_layer = common_spec_prefill_n_layer(sp->core);
+    const int32_t n_run   = layers > 0 ? std::min(layers, n_layer) : common_spec_prefill_n_layers(sp->core);
+    return (double) n_run / n_layer;
+}
+
+// scoring n_new tokens after n_past with the first `layers` layers (the same unit as spec_prefill_estimate_of's); the
+// measured throughput is that of all layers, the cost of fewer their share of it
 static double spec_prefill_score_cost(const server_spec_prefill * sp, bool measured, int32_t n_past, int32_t n_new,
-        int32_t window, int32_t lookahead) {
+        int32_t window, int32_t lookahead, int32_t layers) {
+    const double depth = spec_prefill_depth(sp, layers);
     if (measured) {
-        return n_new / sp->r_score;
+        return depth * n_new / sp->r_score;
     }
     // the draft attends within its window
     const double n_draft_past = window > 0 ? std::min<double>(n_past, std::max(0, window - n_new)) : n_past;
     const double n_draft_new  = window > 0 ? std::min<double>(n_new, window) : n_new;
-    return (double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
-            sp->cost_draft.prefill(lookahead, n_past + n_new);
+    return depth * ((double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
+            sp->cost_draft.prefill(lookahead, n_past + n_new));
 }
 
 static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
@@ -602,7 +619,7 @@ static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill 
     const double f_kept = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
     spec_prefill_estimate e;
     e.measured = sp->r_target > 0.0 && sp->r_score > 0.0;
-    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead);
+    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers);
     if (e.measured) {
         e.source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
                 sp->r_score * 1e3);
@@ -624,7 +641,7 @@ static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, i
     std::unique_lock<std::mutex> lock(sp->mutex);
     auto cost = [&](const server_spec_prefill_job & job) {
         return spec_prefill_score_cost(sp, measured, job.req.n_past, (int32_t) job.prompt.size() - job.req.n_past,
-                job.req.window, job.req.lookahead);
+                job.req.window, job.req.lookahead, job.req.n_layers);
     };
     double t_wait = 0.0;
     n_waiting = 0;
@@ -737,6 +754,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     job->req.min_tokens = params.min_tokens;
     job->req.window     = params.window;
     job->req.lookahead  = params.lookahead;
+    job->req.n_layers   = params.layers;
     job->req.n_past     = n_past;
     job->req.cancel     = &job->cancel;
     job->t_submit_us    = ggml_time_us();
@@ -770,6 +788,7 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     timings.n_windows  = res.n_windows;
     timings.n_parallel = res.n_parallel;
     timings.n_rows     = res.n_rows;
+    timings.n_layers   = res.n_layers_run;
     timings.device    = slot.sp->devices;
 
     timings.score_draft_prefill_ms = res.t_draft_prefill_ms;
@@ -817,8 +836,9 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     }
     const bool scored = res.status == COMMON_SPEC_PREFILL_SPARSE || res.status == COMMON_SPEC_PREFILL_KEPT_ALL;
     metrics.add(timings, scored ? n_new : 0, slot.sparse ? n_new - (int32_t) slot.kept.size() : 0);
-    if (scored && timings.score_ms > 0.0) {
-        const double r = n_new / timings.score_ms;
+    if (scored && timings.score_ms > 0.0 && res.n_layers_run > 0) {
+        // as if all layers had scored (spec_prefill_score_cost)
+        const double r = n_new / timings.score_ms * res.n_layers_run / common_spec_prefill_n_layer(slot.sp->core);
         slot.sp->r_score = slot.sp->r_score > 0.0 ? 0.5*slot.sp->r_score + 0.5*r : r;
     }
     return true;

@@ -36,6 +36,7 @@ struct server_spec_prefill_params {
     int32_t min_tokens = 1024;
     int32_t window     = 0;
     int32_t lookahead  = 8; // at most common_spec_prefill_lookahead_max(--spec-prefill-lookahead)
+    int32_t layers     = 0; // score with the scorer's first `layers` layers (0: --spec-prefill-layers, or all)
     float   break_even = 1.1f; // prefill in full when the estimated speedup is below this (0: never)
 
     bool has_tools   = false; // the request carries tools or a tool-call grammar
@@ -77,6 +78,7 @@ struct server_spec_prefill_timings {
     int32_t n_windows = 0; // windows the draft scored
     int32_t n_parallel = 0; // of them, scored side by side as sequences of one batch
     int32_t n_rows     = 0; // query rows used, over all windows: lookahead each, fewer where the draft ended early
+    int32_t n_layers   = 0; // scorer layers computed
 
     double queue_ms = 0.0; // waiting for the scorer (other requests' scoring)
     double score_ms = 0.0; // the draft's prefill, query steps and selection

@@ -48,7 +48,7 @@ static bool take_tool_options(int & argc, char ** argv, tool_options & opts) {
             opts.json_path = argv[++i];
         } else {
             if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-                printf("llama-specprefill -m TARGET -mpd DRAFT (-p PROMPT | -f FILE) [options]\n\n"
+                printf("llama-specprefill -m TARGET -mpd DRAFT|self (-p PROMPT | -f FILE) [options]\n\n"
                        "  --baseline     also prefill the whole prompt in this process and compare the TTFTs\n"
                        "  --repeat N     run the prompt N times (each with its baseline) and report the last run, as a\n"
                        "                 long-running server would see it; every run's TTFT is printed\n"
@@ -197,11 +197,12 @@ static int run(int argc, char ** argv) {
             LOG_ERR("error: the draft '%s' (--spec-prefill-hf) is neither downloaded nor in the cache%s\n",
                     params.spec_prefill.mparams.hf_repo.c_str(), params.offline ? " (--offline)" : "");
         } else {
-            LOG_ERR("error: no draft model: pass -mpd DRAFT (the model that scores the prompt)\n");
+            LOG_ERR("error: no draft model: pass -mpd DRAFT (the model that scores the prompt), or -mpd "
+                    COMMON_SPEC_PREFILL_SELF " (the target's first layers)\n");
         }
         return 1;
     }
-    if (!std::ifstream(draft.path).good()) {
+    if (draft.path != COMMON_SPEC_PREFILL_SELF && !std::ifstream(draft.path).good()) {
         LOG_ERR("error: draft model '%s' not found\n", draft.path.c_str());
         return 1;
     }
@@ -294,8 +295,8 @@ static int run(int argc, char ** argv) {
     if (!res.reason.empty()) {
         LOG(": %s", res.reason.c_str());
     }
-    LOG("\n  %d window(s), %d side by side, %d query rows, %d draft layers, reduced on %s; draft context setup "
-            "%.1f ms\n", res.n_windows, res.n_parallel, res.n_rows, res.n_layers,
+    LOG("\n  %d window(s), %d side by side, %d query rows, %d scorer layers read of %d computed, reduced on %s; "
+            "draft context setup %.1f ms\n", res.n_windows, res.n_parallel, res.n_rows, res.n_layers, res.n_layers_run,
             res.reduced_on.empty() ? "-" : res.reduced_on.c_str(), t_setup_ms);
     print_run("speculative prefill", spec);
     if (opts.baseline) {
@@ -323,6 +324,8 @@ static int run(int argc, char ** argv) {
         j["draft_cells"]    = res.n_draft_cells;
         j["n_rows"]         = res.n_rows;
         j["n_layers"]       = res.n_layers;
+        j["n_layers_run"]   = res.n_layers_run;
+        j["self"]           = common_spec_prefill_is_self(sp);
         j["reduced_on"]     = res.reduced_on;
         j["kept"]           = res.kept;
         j["scores"]         = res.scores;
