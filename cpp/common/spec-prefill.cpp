@@ -87,11 +87,11 @@ struct common_spec_prefill {
     int32_t n_layers    = 0; // layers a request scores with by default (all, or --spec-prefill-layers)
     int32_t n_swa       = 0;
     // what the graph of one query step showed at init (spec_prefill_probe_layers): the layers with attention weights
-    // (not recurrent ones), and those whose output node ("l_out-<il>") the scheduler can stop after
+    // (not recurrent ones), and whether a graph built for fewer layers (llama_set_graph_n_layer) has only those
     std::vector<char> layer_attn;
-    std::vector<char> layer_out;
-    bool probed = false;
-    bool layer_stop = true; // stop the graph after the layers that score (LLAMA_SPEC_PREFILL_LAYER_STOP)
+    bool probed    = false;
+    bool graph_cut = false;
+    bool layer_stop = true; // build the graph with only the layers that score (LLAMA_SPEC_PREFILL_LAYER_STOP)
     int32_t n_ctx_max   = 0; // the most KV cells the draft context may have
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
@@ -107,12 +107,7 @@ struct common_spec_prefill {
 
     const std::atomic<bool> * cancel = nullptr; // the running request's cancel flag (read by the abort callback)
 
-    // the node after which the scheduler stops the graph ("l_out-<K-1>" when scoring with the first K layers; empty:
-    // the whole graph runs), and whether this decode reached it
-    std::string stop_name;
-    bool        stopped = false;
-
-    // query-step state (the eval callback is installed for the query steps, and for the prefill when it stops early)
+    // query-step state (the eval callback is installed only for the query steps)
     std::vector<char> layer_usable;
     std::vector<char> layer_seen;
     std::vector<spec_prefill_stream> streams;
@@ -242,29 +237,13 @@ static void spec_prefill_read_step(common_spec_prefill * sp);
 // outputs (patch 0003): nothing reuses their memory, so the decode runs through and they are read after it, all at
 // once. On the plain path the attention output reads them and their memory is reused after that, so the graph stops
 // at each one (a wait for the device per layer) and it is read here
-//
-// Scoring with the first K layers, the graph stops after layer K-1's output node: the scheduler computes a split up to
-// a node the callback asks for, and a false answer ends the split there. The nodes before it are everything the first
-// K layers need (their KV writes and attention weights are expanded into the graph as each layer is built); a split
-// after it (a model split across devices) still runs, on stale inputs, and its result is never read
 static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
     auto * sp = (common_spec_prefill *) user_data;
 
     static constexpr char prefix[] = "kq_soft_max-";
-    const bool stop = !sp->stop_name.empty() && sp->stop_name == t->name;
     if (!ask) {
         spec_prefill_read_step(sp);
-        if (stop) {
-            sp->stopped = true;
-            return false;
-        }
         return true; // false would abort the graph: errors are reported after the decode
-    }
-    if (stop) {
-        return true;
-    }
-    if (sp->streams.empty()) {
-        return false; // a prefill decode, only stopped
     }
     if (strncmp(t->name, prefix, sizeof(prefix) - 1) != 0) {
         return false;
@@ -334,7 +313,6 @@ static void spec_prefill_read_step(common_spec_prefill * sp) {
 static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_batch & batch) {
     llama_context * ctx = sp->ctx.get();
     llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
-    sp->stopped = false;
     sp->n_step_read = 0;
     const int32_t ret = llama_decode(ctx, batch);
     llama_set_eval_callback(ctx, nullptr, nullptr);
@@ -343,29 +321,15 @@ static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_b
         const int64_t t_reduce = ggml_time_us();
         spec_prefill_read_step(sp);
         sp->t_reduce_us += ggml_time_us() - t_reduce;
-        // every usable layer's weights must have been computed and read before the graph stopped (a backend that
-        // reorders nodes could put one after the stop)
+        // every usable layer gave its weights (a graph built for fewer layers than the request's would not)
         if (sp->capture_error.empty() && sp->probed && sp->n_step_read < sp->n_usable) {
             sp->capture_error = string_format("the draft's graph gave the attention weights of %d of the %d layers "
-                    "it scores with%s", sp->n_step_read, sp->n_usable, sp->stopped ? " before it stopped" : "");
+                    "it scores with", sp->n_step_read, sp->n_usable);
         }
     } else {
         sp->step_weights.clear();
         sp->step_layers.clear();
     }
-    return ret;
-}
-
-// a prefill decode of the draft: when it scores with its first K layers, the graph stops after layer K-1; else no
-// callback, which would make the scheduler wait after every split and stall the prefill's pipelining
-static int32_t spec_prefill_decode_prefill(common_spec_prefill * sp, const llama_batch & batch) {
-    llama_context * ctx = sp->ctx.get();
-    if (sp->stop_name.empty()) {
-        return llama_decode(ctx, batch);
-    }
-    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
-    const int32_t ret = llama_decode(ctx, batch);
-    llama_set_eval_callback(ctx, nullptr, nullptr);
     return ret;
 }
 
@@ -383,29 +347,37 @@ static void spec_prefill_batch_add(llama_batch & batch, llama_token tok, llama_p
 // init
 //
 
-// names every node of the probe's graph goes by: "kq_soft_max-<il>" and "l_out-<il>" mark layer il's attention
-// weights and output
+// what the probe's graph showed: the layers with attention weights ("kq_soft_max-<il>"), and the last layer any node
+// names ("<name>-<il>")
+struct spec_prefill_probe {
+    std::vector<char> attn;
+    int32_t il_max = -1;
+};
+
 static bool spec_prefill_probe_cb(ggml_tensor * t, bool ask, void * user_data) {
-    auto * sp = (common_spec_prefill *) user_data;
+    auto * probe = (spec_prefill_probe *) user_data;
     if (ask) {
         int il = -1;
         char rest = 0;
-        if (sscanf(t->name, "kq_soft_max-%d%c", &il, &rest) == 1 && il >= 0 && il < sp->n_layer) {
-            sp->layer_attn[il] = 1;
-        } else if (sscanf(t->name, "l_out-%d%c", &il, &rest) == 1 && il >= 0 && il < sp->n_layer) {
-            sp->layer_out[il] = 1;
+        if (sscanf(t->name, "kq_soft_max-%d%c", &il, &rest) == 1 && il >= 0 && il < (int) probe->attn.size()) {
+            probe->attn[il] = 1;
+        }
+        const char * dash = strrchr(t->name, '-');
+        if (dash && sscanf(dash + 1, "%d%c", &il, &rest) == 1) {
+            probe->il_max = std::max(probe->il_max, il);
         }
     }
     return false;
 }
 
-// one query step of the scorer in a context of its own, to see which layers have attention weights (a hybrid model's
-// recurrent layers have none) and which layers' output the graph can stop after: what scoring with the first K layers
-// relies on, found in the graph itself rather than from a list of architectures. On failure every layer counts as
-// an attention layer without a stop
+// query steps of the scorer in a context of its own: one with every layer, to see which have attention weights (a
+// hybrid model's recurrent layers have none), one with the graph built for one layer, to see whether the architecture
+// builds fewer (llama_set_graph_n_layer): what scoring with the first K layers relies on, found in the graph itself
+// rather than from a list of architectures. On failure every layer counts as an attention layer, and fewer layers
+// run the whole graph
 static bool spec_prefill_probe_layers(common_spec_prefill * sp) {
     sp->layer_attn.assign(sp->n_layer, 1);
-    sp->layer_out.assign(sp->n_layer, 0);
+    sp->graph_cut = false;
 
     auto cparams = llama_context_default_params();
     cparams.n_ctx           = 256;
@@ -427,16 +399,21 @@ static bool spec_prefill_probe_layers(common_spec_prefill * sp) {
     llama_batch batch = llama_batch_init(1, 0, 1);
     spec_prefill_batch_add(batch, tok, 0, 0, false);
     bool ok = llama_decode(ctx.get(), batch) == 0;
-    std::fill(sp->layer_attn.begin(), sp->layer_attn.end(), 0);
-    batch.n_tokens = 0;
-    spec_prefill_batch_add(batch, tok, 1, 0, true);
-    llama_set_eval_callback(ctx.get(), spec_prefill_probe_cb, sp);
-    ok = ok && llama_decode(ctx.get(), batch) == 0;
+    spec_prefill_probe full, cut;
+    full.attn.assign(sp->n_layer, 0);
+    cut.attn.assign(sp->n_layer, 0);
+    for (auto * probe : { &full, &cut }) {
+        llama_set_graph_n_layer(ctx.get(), probe == &cut ? 1 : 0);
+        llama_set_eval_callback(ctx.get(), spec_prefill_probe_cb, probe);
+        batch.n_tokens = 0;
+        spec_prefill_batch_add(batch, tok, probe == &cut ? 2 : 1, 0, false);
+        ok = ok && llama_decode(ctx.get(), batch) == 0;
+    }
     llama_batch_free(batch);
-    ok = ok && std::count(sp->layer_attn.begin(), sp->layer_attn.end(), 1) > 0;
-    if (!ok) {
-        sp->layer_attn.assign(sp->n_layer, 1);
-        sp->layer_out.assign(sp->n_layer, 0);
+    ok = ok && std::count(full.attn.begin(), full.attn.end(), 1) > 0;
+    if (ok) {
+        sp->layer_attn = full.attn;
+        sp->graph_cut  = sp->n_layer == 1 || (full.il_max >= 1 && cut.il_max == 0);
     }
     sp->probed = ok;
     return ok;
@@ -615,12 +592,12 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     }
 
     // LLAMA_SPEC_PREFILL_LAYER_STOP=0: scoring with fewer layers still computes the whole graph (the tests' reference
-    // for the stop)
+    // for the graph built with fewer layers)
     bool layer_stop = true;
     if (const char * env = getenv("LLAMA_SPEC_PREFILL_LAYER_STOP")) {
         if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
-            error = string_format("LLAMA_SPEC_PREFILL_LAYER_STOP is '%s': use 1 (stop the graph after the layers that "
-                    "score) or 0 (compute all of them)", env);
+            error = string_format("LLAMA_SPEC_PREFILL_LAYER_STOP is '%s': use 1 (build the graph with only the layers "
+                    "that score) or 0 (compute all of them)", env);
             return nullptr;
         }
         layer_stop = strcmp(env, "1") == 0;
@@ -667,9 +644,9 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         common_spec_prefill_free(sp);
         return nullptr;
     }
-    if (sp->n_layers < sp->n_layer && sp->probed && !sp->layer_out[sp->n_layers - 1]) {
-        LOG_WRN("%s: %s names no output node for layer %d: scoring with its first %d layers computes all %d\n",
-                __func__, scorer.c_str(), sp->n_layers - 1, sp->n_layers, sp->n_layer);
+    if (sp->n_layers < sp->n_layer && sp->probed && !sp->graph_cut) {
+        LOG_WRN("%s: %s builds every layer into its graph whatever it is asked: scoring with its first %d layers "
+                "computes all %d\n", __func__, scorer.c_str(), sp->n_layers, sp->n_layer);
     }
 
     // a window wider than the context is narrowed to what fits when a prompt is planned (so a window of at least
@@ -847,7 +824,7 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
     llama_context * ctx = sp->ctx.get();
-    sp->stop_name.clear(); // the whole graph, whatever the last request scored with
+    llama_set_graph_n_layer(ctx, 0); // the whole graph, whatever the last request scored with
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
     const int32_t n_prefill = std::min(sp->n_ubatch, sp->ctx_n_cells - 1);
 
@@ -1086,7 +1063,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             return false;
         }
         const int64_t t_decode = ggml_time_us();
-        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : spec_prefill_decode_prefill(sp, batch);
+        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
         if (!query) {
             const int64_t t = ggml_time_us() - t_decode;
             n_decodes++;
@@ -1295,9 +1272,10 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.n_draft_cells = sp->ctx_n_seq * sp->ctx_n_cells;
 
     res.scores.assign(res.n_prompt, 0.0f);
-    const bool stop = n_layers < sp->n_layer && sp->layer_out[n_layers - 1] && sp->layer_stop;
-    sp->stop_name = stop ? string_format("l_out-%d", n_layers - 1) : "";
-    res.n_layers_run = stop ? n_layers : sp->n_layer;
+    // the graph of a K-layer model over the same weights (patch 0010): the layers after K are not computed
+    const bool cut = n_layers < sp->n_layer && sp->graph_cut && sp->layer_stop;
+    llama_set_graph_n_layer(sp->ctx.get(), cut ? n_layers : 0);
+    res.n_layers_run = cut ? n_layers : sp->n_layer;
     sp->capture_error.clear();
     sp->n_reads_graph    = 0;
     sp->n_reads_host     = 0;
