@@ -19,8 +19,8 @@ LINTER = Path("tests") / "tools" / "actionlint"
 
 # --sanitize: what runs the new code under the sanitizers, the tool and the server on tiny models (the real-model
 # checks would take hours there)
-SANITIZE_TESTS = ("tests/integration/test_specprefill.py", "tests/integration/test_server_specprefill.py",
-                  "tests/integration/test_server_fuzz.py")
+SANITIZE_TESTS = ("tests/integration/test_specprefill.py", "tests/integration/test_specprefill_layers.py",
+                  "tests/integration/test_server_specprefill.py", "tests/integration/test_server_fuzz.py")
 
 
 def pytest_args(root: Path, *, fast: bool, extra: list[str], sanitize: bool = False) -> list[str]:
