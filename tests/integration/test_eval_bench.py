@@ -111,6 +111,34 @@ def test_eval_in_chat_form_renders_each_case_with_the_servers_template(build, bp
     assert evaluate.main([*common, "--via", "tool", "--out", str(tmp_path / "tool")]) == 1
 
 
+@pytest.mark.parametrize("via", ["server", "tool"])
+def test_eval_compares_the_drafts_layers_and_the_target_scoring_itself_in_one_run(via, build, bpe_models, tmp_path):
+    """--layers and --scorers: the same cases under the draft's whole depth, its first layer and the target's own
+    first layer (one server per scorer, or -mpd self for the tool), each row naming its setting and scorer."""
+    out = tmp_path / f"eval-layers-{via}"
+    code = evaluate.main(["--bin", str(build.binary("llama-server").parent), "--via", via, "--target",
+                          str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--lengths", "1024",
+                          "--depths", "0.5", "--kinds", "needle,vartrack", "--p", "0.2", "--window", "0",
+                          "--layers", "0,1", "--scorers", "draft,self", "--server-args", CPU, "--out", str(out),
+                          "--no-plots"])
+    assert code == 0
+    document = json.loads((out / "results.json").read_text())
+    rows = document["rows"]
+    names = ["p=0.2 full", "p=0.2 full layers=1", "p=0.2 full self", "p=0.2 full layers=1 self"]
+    assert [s["name"] for s in document["settings"]] == names and document["scorers"] == ["draft", "self"]
+    assert sorted((r["case"], r["setting"]) for r in rows) == sorted((c["id"], n) for c in document["cases"]
+                                                                    for n in names)
+    assert all(r["status"] == "active" for r in rows), [r for r in rows if r["status"] != "active"]
+    assert {r["scorer"] for r in rows if r["setting"].endswith("self")} == {"self"}
+    if via == "server":
+        assert (out / "server.log").stat().st_size > 0 and "'self'" in (out / "server-self.log").read_text()
+    # the target's first layer alone and the target given as its own draft at one layer keep the same tokens: the
+    # tool's self runs are the target's weights
+    by = {(r["case"], r["setting"]): r for r in rows}
+    for case in document["cases"]:
+        assert by[(case["id"], "p=0.2 full")]["kept_ranges"] != by[(case["id"], "p=0.2 full layers=1")]["kept_ranges"]
+
+
 def test_eval_refuses_bad_options_before_starting_anything(build, workspace, tmp_path):
     proc = _spbuild("eval", "--build-dir", build.record.build_dir, "--kinds", "needle,riddle", "--target",
                     tmp_path / "none.gguf", "--out", tmp_path, workspace=workspace)
@@ -156,10 +184,28 @@ def test_bench_measures_both_prefills_side_by_side_with_phases_and_bound(via, bu
         in_run = r["full_ttft_ms"]["median"] / (r["score_draft_prefill_ms"]["median"] + r["sparse_prefill_ms"]["median"])
         assert r["of_bound_in_run"] == pytest.approx(r["speedup"] / in_run)
     assert document["command"][0] == ("llama-server" if via == "server" else "llama-specprefill")
+    assert {r["scorer"] for r in rows} == {"draft"} and all(r["variant"] == "" for r in rows)
     table = (out / "results.md").read_text()
     assert table.count("| active |") == 4 and "[lowest, highest]" in table
     assert (out / "bench.png").stat().st_size > 0
     assert "[lowest, highest]" in proc.stderr  # the table, printed as it is
+
+
+def test_bench_measures_layer_counts_and_the_target_scoring_itself_side_by_side(build, bpe_models, tmp_path):
+    """One bench run, two servers (the draft's and the target's own), one full prefill measured for all rows."""
+    build.binary("llama-bench")
+    code = bench.main(["measure", "--bin", str(build.bin_dir), "--target", str(bpe_models["target"]), "--draft",
+                       str(bpe_models["draft"]), "--sizes", "1024", "--p", "0.3", "--window", "0", "--layers", "0,1",
+                       "--scorers", "draft,self", "--repeat", "1", "--warmup", "0", "--server-args", CPU,
+                       "--draft-args", "", "--bench-args", "", "--out", str(tmp_path), "--no-plots"])
+    assert code == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["setting"], r["scorer"]) for r in rows] == [("p=0.3 full", "draft"), ("p=0.3 full layers=1", "draft"),
+                                                          ("p=0.3 full self", "self"),
+                                                          ("p=0.3 full layers=1 self", "self")]
+    assert all(r["status"] == "active" and "error" not in r for r in rows), rows
+    assert len({r["full_ttft_ms"]["median"] for r in rows}) == 1
+    assert (tmp_path / "server-self.log").stat().st_size > 0
 
 
 def test_bench_module_runs_without_a_workspace(build, bpe_models, tmp_path):
