@@ -9,7 +9,8 @@ import pytest
 
 from spbuild import bench
 
-from test_specprefill import CPU, ROOMY, run_tool
+from harness import TINY_ARCHS
+from test_specprefill import CPU, ROOMY, assert_kv_is_kept_plus_generated, run_tool
 
 PROMPT = bench.make_prompt(2500)
 WHOLE_GRAPH = {"LLAMA_SPEC_PREFILL_LAYER_STOP": "0"}
@@ -104,3 +105,26 @@ def test_first_layers_without_attention_are_refused_at_startup(tool, tiny_models
     # with that layer it scores, reading only the attention layer
     report = run_tool(tool, tiny_models["qwen35"], "--spec-prefill-layers", "2")
     assert report["status"] == "sparse" and report["n_layers"] == 1
+
+
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
+def test_the_target_scores_for_itself_on_each_architecture(tool, tiny_models, arch):
+    """Plain RoPE, IMROPE with recurrent layers, and sliding-window attention: the target's own first layers through
+    its first full-attention one (all of these two-layer models' for Qwen3.5 and Gemma 3, whose layer 0 is recurrent
+    or sliding-window) score, and the target's KV holds the kept positions."""
+    result = tool.run("-m", tiny_models[arch], "-mpd", "self", *CPU, *ROOMY, "-n", "6", "--temp", "0",
+                      "--spec-prefill-min-tokens", "256", prompt=PROMPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.report
+    assert report["self"] and report["status"] == "sparse", report["reason"]
+    assert report["n_layers_run"] == (1 if arch == "llama" else 2)
+    assert report["n_layers"] == 1  # Qwen3.5's recurrent layer has no attention rows; Gemma 3's window is 32 tokens
+    assert_kv_is_kept_plus_generated(report)
+
+
+def test_sliding_window_layers_alone_are_refused(tool, tiny_models):
+    """Gemma 3's first layer attends within a sliding window: it cannot score a prompt longer than that window."""
+    result = tool.run("-m", tiny_models["gemma3"], "-mpd", "self", *CPU, "--spec-prefill-layers", "1",
+                      prompt="alpha beta")
+    assert result.returncode != 0
+    assert "its first 1 layers hold no full-attention layer (the first is layer 1)" in result.stderr
