@@ -347,6 +347,24 @@ static void spec_prefill_batch_add(llama_batch & batch, llama_token tok, llama_p
 // init
 //
 
+// a scoring context's parameters: n_seq sequences of n_cells cells, one KV stream each (cell j is position j)
+static llama_context_params spec_prefill_ctx_params(const common_spec_prefill * sp, int32_t n_seq, int32_t n_cells,
+        int32_t n_batch, int32_t n_ubatch) {
+    auto cparams = llama_context_default_params();
+    cparams.n_ctx           = (uint32_t) n_seq * n_cells;
+    cparams.n_seq_max       = n_seq;
+    cparams.kv_unified      = false;
+    cparams.n_batch         = n_batch;
+    cparams.n_ubatch        = n_ubatch;
+    cparams.n_threads       = sp->n_threads;
+    cparams.n_threads_batch = sp->n_threads_batch;
+    cparams.flash_attn_type = sp->flash_attn_type;
+    cparams.type_k          = GGML_TYPE_F16;
+    cparams.type_v          = GGML_TYPE_F16;
+    cparams.no_perf         = true;
+    return cparams;
+}
+
 // what the probe's graph showed: the layers with attention weights ("kq_soft_max-<il>"), and the last layer any node
 // names ("<name>-<il>")
 struct spec_prefill_probe {
@@ -379,18 +397,7 @@ static bool spec_prefill_probe_layers(common_spec_prefill * sp) {
     sp->layer_attn.assign(sp->n_layer, 1);
     sp->graph_cut = false;
 
-    auto cparams = llama_context_default_params();
-    cparams.n_ctx           = 256;
-    cparams.n_seq_max       = 1;
-    cparams.n_batch         = 8;
-    cparams.n_ubatch        = 8;
-    cparams.n_threads       = sp->n_threads;
-    cparams.n_threads_batch = sp->n_threads_batch;
-    cparams.flash_attn_type = sp->flash_attn_type;
-    cparams.type_k          = GGML_TYPE_F16;
-    cparams.type_v          = GGML_TYPE_F16;
-    cparams.no_perf         = true;
-    llama_context_ptr ctx(llama_init_from_model(sp->model, cparams));
+    llama_context_ptr ctx(llama_init_from_model(sp->model, spec_prefill_ctx_params(sp, 1, 256, 8, 8)));
     if (!ctx) {
         return false;
     }
@@ -898,20 +905,8 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     sp->graph        = nullptr;
     sp->graph_failed = false;
 
-    auto cparams = llama_context_default_params();
-    cparams.n_ctx           = (uint32_t) n_seq * n_cells;
-    cparams.n_seq_max       = n_seq;
-    cparams.kv_unified      = false; // one KV stream per sequence: cell j is position j
-    cparams.n_batch         = sp->n_batch;
-    cparams.n_ubatch        = sp->n_ubatch;
-    cparams.n_threads       = sp->n_threads;
-    cparams.n_threads_batch = sp->n_threads_batch;
-    cparams.flash_attn_type = sp->flash_attn_type;
-    cparams.type_k          = GGML_TYPE_F16;
-    cparams.type_v          = GGML_TYPE_F16;
-    cparams.no_perf         = true;
-
-    sp->ctx.reset(llama_init_from_model(sp->model, cparams));
+    sp->ctx.reset(llama_init_from_model(sp->model, spec_prefill_ctx_params(sp, n_seq, n_cells, sp->n_batch,
+            sp->n_ubatch)));
     if (!sp->ctx) {
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;

@@ -11,7 +11,8 @@
 #   bash docs/bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
 #                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
 #                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan;
-#                                                       # EXTRA_SERVER_ARGS appended to the server's arguments)
+#                                                       # EXTRA_SERVER_ARGS appended to the server's arguments,
+#                                                       # EXTRA_BENCH_ARGS to spbuild.bench's)
 #   bash docs/bench/h200-bench-eval.sh pair             # append the carried parts of the Qwen2.5-Coder pair (the
 #                                                       # 1.5B target then the 0.5B draft, cut with split -b 52000000
 #                                                       # into .carry/pair/partNN, sha256s in .carry/pair.sha256), each
@@ -64,7 +65,7 @@ bench)
     if [ "${BUILD:-build}" != build ]; then vulkan_loader; fi
     python3 -m spbuild.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
         --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/$name" \
-        --server-args "-ngl 99 -fa on -b 4096 -ub 1024 ${EXTRA_SERVER_ARGS:-}" \
+        --server-args "-ngl 99 -fa on -b 4096 -ub 1024 ${EXTRA_SERVER_ARGS:-}" ${EXTRA_BENCH_ARGS:-} \
         > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; exit 1; }
     cp "$OUT/$name/results.md" "$OUT/$name.md"  # files under $OUT itself come back for sure
     cp "$OUT/$name/results.json" "$OUT/$name.json"

@@ -21,8 +21,9 @@ PROMPT = words_prompt(2400)  # about 2,700 tokens of the test tokenizer
 VULKAN_PROMPT_WORDS = 600
 
 
-def run_tool(tool, model, *args, prompt=PROMPT, device=CPU, env=None, log=None):
-    result = tool.run("-m", model, "-mpd", model, *device, *ROOMY, "-n", "6", "--temp", "0",
+def run_tool(tool, model, *args, prompt=PROMPT, device=CPU, env=None, log=None, draft=None):
+    """The tool on `model` scoring for itself as its own draft (or `draft`: a file, or "self")."""
+    result = tool.run("-m", model, "-mpd", draft or model, *device, *ROOMY, "-n", "6", "--temp", "0",
                       "--spec-prefill-min-tokens", "256", *args, prompt=prompt, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     if log is not None:

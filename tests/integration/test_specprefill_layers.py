@@ -10,19 +10,14 @@ import pytest
 from spbuild import bench
 
 from harness import TINY_ARCHS
-from test_specprefill import CPU, ROOMY, assert_kv_is_kept_plus_generated, run_tool
+from test_specprefill import CPU, assert_kv_is_kept_plus_generated, run_tool
 
 PROMPT = bench.make_prompt(2500)
 WHOLE_GRAPH = {"LLAMA_SPEC_PREFILL_LAYER_STOP": "0"}
 
 
 def score(tool, target, draft, *args, env=None, log=None):
-    result = tool.run("-m", target, "-mpd", draft, *CPU, *ROOMY, "-n", "4", "--temp", "0",
-                      "--spec-prefill-min-tokens", "256", *args, prompt=PROMPT, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    if log is not None:
-        log.append(result.stderr)
-    return result.report
+    return run_tool(tool, target, *args, draft=draft, prompt=PROMPT, env=env, log=log)
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
@@ -112,10 +107,7 @@ def test_the_target_scores_for_itself_on_each_architecture(tool, tiny_models, ar
     """Plain RoPE, IMROPE with recurrent layers, and sliding-window attention: the target's own first layers through
     its first full-attention one (all of these two-layer models' for Qwen3.5 and Gemma 3, whose layer 0 is recurrent
     or sliding-window) score, and the target's KV holds the kept positions."""
-    result = tool.run("-m", tiny_models[arch], "-mpd", "self", *CPU, *ROOMY, "-n", "6", "--temp", "0",
-                      "--spec-prefill-min-tokens", "256", prompt=PROMPT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = result.report
+    report = score(tool, tiny_models[arch], "self")
     assert report["self"] and report["status"] == "sparse", report["reason"]
     assert report["n_layers_run"] == (1 if arch == "llama" else 2)
     assert report["n_layers"] == 1  # Qwen3.5's recurrent layer has no attention rows; Gemma 3's window is 32 tokens
