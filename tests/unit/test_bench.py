@@ -121,7 +121,7 @@ def test_a_server_that_does_not_start_is_recorded_and_the_other_types_still_run(
 
 
 def test_bench_runs_as_a_plain_script_as_the_gpu_scripts_call_it(tmp_path):
-    """docs/bench/h200-*.sh run `python3 orchestrator/spbuild/bench.py ...` on a machine without the package installed:
+    """bench/results/h200-*.sh run `python3 orchestrator/spbuild/bench.py ...` on a machine without the package installed:
     the package's own modules (bisect, stats) must not shadow the standard library's there."""
     import os
     import subprocess

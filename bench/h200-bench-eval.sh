@@ -2,27 +2,27 @@
 # `spbuild bench` and `spbuild eval` on the H200 device, which has no spbuild workspace and no network: the modules
 # run as `python3 -m spbuild.bench measure` and `python3 -m spbuild.evaluate` with the build's bin/ folder (they need
 # only NumPy, requests and the tree's gguf-py; plots are drawn afterwards here with `spbuild report DIR`).
-# Carried in .carry/: tree.tar.xz (git archive of the spbuild branch, as docs/bench/h200-vulkan.sh says),
+# Carried in .carry/: tree.tar.xz (git archive of the spbuild branch, as bench/h200-vulkan.sh says),
 # ggml-vocab-llama-bpe.gguf; for `gemma`, one part of Gemma 3 270M per call, cut with dd into .carry/gN/gemma.partNN
 # (sized so that a call's carry stays under 64 MiB: 44 MiB beside the tree, 60 MiB alone), its sha256 in
 # .carry/gemma.sha256.
-#   bash docs/bench/h200-bench-eval.sh build            # CUDA build (server, tool, llama-bench) and the random models
-#   bash docs/bench/h200-bench-eval.sh gemma DIR        # append DIR's part(s) of Gemma; says when the sha256 matches
-#   bash docs/bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
+#   bash bench/h200-bench-eval.sh build            # CUDA build (server, tool, llama-bench) and the random models
+#   bash bench/h200-bench-eval.sh gemma DIR        # append DIR's part(s) of Gemma; says when the sha256 matches
+#   bash bench/h200-bench-eval.sh bench SIZES      # e.g. 8192,32768,65536,131072: TTFT, phases, bound, into $OUT
 #                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
 #                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan;
 #                                                       # EXTRA_SERVER_ARGS appended to the server's arguments,
 #                                                       # EXTRA_BENCH_ARGS to spbuild.bench's)
-#   bash docs/bench/h200-bench-eval.sh pair             # append the carried parts of the Qwen2.5-Coder pair (the
+#   bash bench/h200-bench-eval.sh pair             # append the carried parts of the Qwen2.5-Coder pair (the
 #                                                       # 1.5B target then the 0.5B draft, cut with split -b 52000000
 #                                                       # into .carry/pair/partNN, sha256s in .carry/pair.sha256), each
 #                                                       # once; splits and verifies both once all are there
-#   bash docs/bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
+#   bash bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
 #                                                       # MODELS=pair the Qwen2.5-Coder pair; ARGS go to
 #                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
 W=/tmp/spbench-eval
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 export PYTHONPATH=$PWD/orchestrator
 case "$1" in
 build)
@@ -60,7 +60,7 @@ pair)
     fi
     ;;
 bench)
-    # BUILD=vk-trixie: the Vulkan build of docs/bench/h200-query-steps.sh; NAME: the folder under $OUT
+    # BUILD=vk-trixie: the Vulkan build of bench/h200-query-steps.sh; NAME: the folder under $OUT
     name=${NAME:-bench-cuda}
     if [ "${BUILD:-build}" != build ]; then vulkan_loader; fi
     python3 -m spbuild.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \

@@ -2,9 +2,9 @@
 other settings and selection variants, through one llama-server on the CPU, with the newest build and Gemma 3 270M
 from PyPI. From the repository root:
 
-    python docs/bench/quality-bar-cases.py OUT P[,P...] W[,W...] [VARIANTS]
-    python docs/bench/quality-bar-cases.py eval-qb 0.6 0,512 "chunk_lines=1"   # VARIANTS as spbuild eval --vary
-    SERVER_ARGS="--spec-prefill-pool-kernel 31" python docs/bench/quality-bar-cases.py ...   # more server flags
+    python bench/quality-bar-cases.py OUT P[,P...] W[,W...] [VARIANTS]
+    python bench/quality-bar-cases.py eval-qb 0.6 0,512 "chunk_lines=1"   # VARIANTS as spbuild eval --vary
+    SERVER_ARGS="--spec-prefill-pool-kernel 31" python bench/quality-bar-cases.py ...   # more server flags
 """
 
 import os

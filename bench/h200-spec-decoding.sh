@@ -5,11 +5,11 @@
 # weights: the numbers say what each type costs per decoded token, not how much a trained draft would accept.
 # Carried in .carry/: tree.tar.xz and ggml-vocab-llama-bpe.gguf, made by
 #   git -C .spbuild/src/llama.cpp archive --format=tar spbuild | xz -T0 > .carry/tree.tar.xz   (see h200-server.sh)
-#   bash docs/bench/h200-spec-decoding.sh build   # ~4 min build, ~4 min models
-#   bash docs/bench/h200-spec-decoding.sh run SIZES
+#   bash bench/h200-spec-decoding.sh build   # ~4 min build, ~4 min models
+#   bash bench/h200-spec-decoding.sh run SIZES
 set -euo pipefail
 W=/tmp/spdec
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 MK=(python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --ctx 32768)
 case "$1" in
 build)

@@ -1,7 +1,7 @@
 """The 128K windowed request through llama-server under a few server settings, side by side in one run, spec prefill
 only (the full-prefill baseline is the bench's): where the draft's prefill time goes when the windows are scored in
 one round or in two, and with larger ubatches. Run on the H200 after h200-bench-eval.sh's build and models:
-    python3 docs/bench/h200-rounds.py OUT_DIR 'NAME=ARGS' ...   e.g.  'two-rounds=--spec-prefill-ctx 131840'
+    python3 bench/h200-rounds.py OUT_DIR 'NAME=ARGS' ...   e.g.  'two-rounds=--spec-prefill-ctx 131840'
 Each setting: its own server, 1 warm-up and REPEAT (3) measured requests (p=0.1, window 8192); with FULL also one
 full-prefill request for the settings FULL names (comma-separated: those that change the target's prefill too)."""
 import json

@@ -3,18 +3,18 @@
 # patched tree built for CUDA and for Vulkan with the toolchain `spbuild build --vulkan` chooses on Debian 12 (trixie's
 # glslc and headers), the random 8B/1.5B models, then per build: the draft's plain decode at depth (llama-bench) and
 # llama-specprefill at 32K, full-prompt and windowed scoring, with the reduction's share of the query steps.
-# Shares its folder with docs/bench/h200-bench-eval.sh (the CUDA build in $W/build, the models), so that script's
+# Shares its folder with bench/h200-bench-eval.sh (the CUDA build in $W/build, the models), so that script's
 # `bench` runs after this one's `build` and `models`.
 # Carried: .carry/tree.tar.xz, .carry/ggml-vocab-llama-bpe.gguf (as h200-bench-eval.sh says), .carry/tc-trixie.tar.xz
 # (the toolchain folder as spbuild installs it: tar -C .spbuild -c toolchain | xz), .gl/ (the Vulkan loader and GL
 # dispatch packages, as the device's README says: libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2).
-#   bash docs/bench/h200-query-steps.sh build     # both builds (server, tool, llama-bench), side by side; a build cut
+#   bash bench/h200-query-steps.sh build     # both builds (server, tool, llama-bench), side by side; a build cut
 #                                                 # by the call's time limit goes on where it stopped when run again
-#   bash docs/bench/h200-query-steps.sh models    # random 8B target and 1.5B draft, trained to 256K
-#   bash docs/bench/h200-query-steps.sh steps     # the measurements, into $OUT (SIZES=32768 WINDOW=0,8192)
+#   bash bench/h200-query-steps.sh models    # random 8B target and 1.5B draft, trained to 256K
+#   bash bench/h200-query-steps.sh steps     # the measurements, into $OUT (SIZES=32768 WINDOW=0,8192)
 set -euo pipefail
 W=/tmp/spbench-eval
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 export PYTHONPATH=$PWD/orchestrator
 vulkan_loader
 case "$1" in

@@ -3,12 +3,12 @@
 # llama-specprefill) and the unpatched pin (llama-server) side by side, makes the random 8B/1.5B models, then runs
 # `bench.py measure` (through the server). Carried in .carry/: tree.tar.xz (git archive of the spbuild branch), series.diff (pin..branch,
 # reverse-applied for the unpatched tree), ggml-vocab-llama-bpe.gguf.
-#   bash docs/bench/h200-server.sh build     # ~5 min on 16 cores
-#   bash docs/bench/h200-server.sh run SIZES  # e.g. 32768,131072
+#   bash bench/h200-server.sh build     # ~5 min on 16 cores
+#   bash bench/h200-server.sh run SIZES  # e.g. 32768,131072
 set -euo pipefail
 W=/tmp/spbench
 REPO=$PWD
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 case "$1" in
 build)
     rm -rf "$W" && unpack_tree "$W/patched"

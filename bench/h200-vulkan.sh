@@ -13,16 +13,16 @@
 #                      dispatch libraries NVIDIA's Vulkan driver needs (libvulkan1 libglvnd0 libegl1 libgl1 libglx0
 #                      libopengl0 libgles2)
 #   ggml-vocab-llama-bpe.gguf
-#   bash docs/bench/h200-vulkan.sh vulkan   # setup, both Vulkan builds side by side, models
-#   bash docs/bench/h200-vulkan.sh cuda     # the CUDA build
-#   bash docs/bench/h200-vulkan.sh run      # the measurements, into $OUT
-#   bash docs/bench/h200-vulkan.sh server SIZES   # after `vulkan`: spbuild bench through the trixie build's
+#   bash bench/h200-vulkan.sh vulkan   # setup, both Vulkan builds side by side, models
+#   bash bench/h200-vulkan.sh cuda     # the CUDA build
+#   bash bench/h200-vulkan.sh run      # the measurements, into $OUT
+#   bash bench/h200-vulkan.sh server SIZES   # after `vulkan`: spbuild bench through the trixie build's
 #                                           # llama-server (TARGET/DRAFT: other models, e.g. h200-bench-eval.sh's)
-#   bash docs/bench/h200-vulkan.sh ops      # after `vulkan`: upstream's test-backend-ops for MUL_MAT and
+#   bash bench/h200-vulkan.sh ops      # after `vulkan`: upstream's test-backend-ops for MUL_MAT and
 #                                           # FLASH_ATTN_EXT on the H200's Vulkan device, with both toolchains
 set -euo pipefail
 W=/tmp/spvk
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 case "$1" in
 ops)

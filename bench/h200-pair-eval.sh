@@ -5,8 +5,8 @@
 # (h200-bench-eval.sh pair); each job waits for the build and the verified pair, then runs one eval per length into
 # /tmp/evals (several jobs share the GPU side by side), each results.json growing with every row, and a last call
 # copies them under $OUT (`collect`).
-#   setsid nohup bash docs/bench/h200-pair-eval.sh run JOB LENGTHS ARGS... &   # e.g. a 8192,16384 --seeds 1
-#   bash docs/bench/h200-pair-eval.sh collect SECONDS   # wait up to SECONDS for every job to end, then gzip the
+#   setsid nohup bash bench/h200-pair-eval.sh run JOB LENGTHS ARGS... &   # e.g. a 8192,16384 --seeds 1
+#   bash bench/h200-pair-eval.sh collect SECONDS   # wait up to SECONDS for every job to end, then gzip the
 #                                                       # results into $OUT
 set -euo pipefail
 W=/tmp/spbench-eval
@@ -19,7 +19,7 @@ run)
     until [ -x "$W/build/bin/llama-server" ] && ! pgrep -f "cmake --build" > /dev/null \
           && [ -f "$W/qwen2.5-coder-0.5b-instruct.gguf" ] && [ ! -f "$W/pair.cat" ]; do sleep 3; done
     for n in ${3//,/ }; do
-        OUT=$R MODELS=pair bash docs/bench/h200-bench-eval.sh eval "$n" "pair-$job-$n" "${@:4}" \
+        OUT=$R MODELS=pair bash bench/h200-bench-eval.sh eval "$n" "pair-$job-$n" "${@:4}" \
             > "$R/run-$job-$n.out" 2>&1 || true
     done
     touch "$R/$job.done"

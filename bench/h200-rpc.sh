@@ -4,11 +4,11 @@
 # the draft local and with the draft on RPC0: startup time, bytes over loopback (the weights, then per request), and
 # TTFT of a 32K prompt. Loopback has no network in the way: the bytes say what a real link must carry.
 # Carried in .carry/: tree.tar.xz and ggml-vocab-llama-bpe.gguf (see h200-spec-decoding.sh).
-#   bash docs/bench/h200-rpc.sh build   # ~5 min
-#   bash docs/bench/h200-rpc.sh run
+#   bash bench/h200-rpc.sh build   # ~5 min
+#   bash bench/h200-rpc.sh run
 set -euo pipefail
 W=/tmp/sprpc
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 CM+=(-DGGML_RPC=ON)
 MK=(python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --ctx 40960)
 case "$1" in

@@ -2,11 +2,11 @@
 # Where a query step's time goes (docs/benchmarks.md, "What a query step costs"): CUDA build of the tool and
 # llama-bench, the random 1.5B model as draft and target (the target's prefill is not what is measured), at 8K and 32K:
 # the draft's plain decode at depth with and without CUDA graphs, then the tool's query steps with lookahead 8 and 1,
-# without CUDA graphs, and with the rows reduced on the host. Carried as docs/bench/h200-bench-eval.sh says.
-#   bash docs/bench/h200-probe-steps.sh     # about 350 s on a cold machine, 240 of them the build
+# without CUDA graphs, and with the rows reduced on the host. Carried as bench/h200-bench-eval.sh says.
+#   bash bench/h200-probe-steps.sh     # about 350 s on a cold machine, 240 of them the build
 set -uo pipefail
 W=/tmp/spbench-eval
-source docs/bench/h200-common.sh
+source bench/h200-common.sh
 export PYTHONPATH=$PWD/orchestrator
 mkdir -p "$OUT"
 t0=$(date +%s)
