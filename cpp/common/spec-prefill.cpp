@@ -105,28 +105,54 @@ struct common_spec_prefill {
     bool    reshape_off   = false; // a reshape failed once: plans keep the current shape
     int32_t n_ctx_created = 0;     // contexts made so far (a request's setup time counts only when it made one)
 
-    const std::atomic<bool> * cancel = nullptr; // the running request's cancel flag (read by the abort callback)
-
-    // query-step state (the eval callback is installed only for the query steps)
-    std::vector<char> layer_usable;
-    std::vector<char> layer_seen;
-    std::vector<spec_prefill_stream> streams;
-    std::vector<const ggml_tensor *> step_weights; // this step's kq_soft_max of the usable layers, valid until the
-    std::vector<int32_t>             step_layers;  // next decode, and their layers
-    std::vector<float> buf;
-    std::string capture_error;
-    int32_t n_usable    = 0; // layers the current round scores with (usable, with attention weights)
-    int32_t n_step_read = 0; // of them, those the current query step read
     common_spec_prefill_pool * pool = nullptr;   // threads for reading rows on the host, made once
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
     size_t graph_group_bytes = 0;                // the most weights its groups of layers hold
     bool graph_failed = false;                   // the backend cannot run it: host scoring from then on
-    bool graph_off_prompt = false;               // its checks failed on this prompt: host scoring for the rest of it
-    std::vector<common_spec_prefill_graph_stream> graph_streams; // this query step's sequences
-    std::vector<float> graph_out;
-    int32_t n_reads_graph  = 0; // this prompt's layer reads reduced in the scoring graph
-    int32_t n_reads_host   = 0; // and on the host
-    int64_t t_reduce_us    = 0; // this prompt's time reducing rows after the query steps' decodes
+};
+
+// What one run holds, a prompt's scoring or a context's warm-up: made by it, handed to the eval callback and the abort
+// callback, gone with it, so nothing of one request is left for the next to reset
+struct spec_prefill_run {
+    common_spec_prefill * sp = nullptr;
+    const std::atomic<bool> * cancel = nullptr; // the request's cancel flag
+
+    std::vector<char> layer_usable; // per layer: its rows are read in this round
+    std::vector<char> layer_seen;   // per layer: its rows were read in some round
+    int32_t n_usable    = 0;        // layers this round scores with (usable, with attention weights)
+
+    // the current query step
+    std::vector<spec_prefill_stream> streams;
+    std::vector<const ggml_tensor *> step_weights; // this step's kq_soft_max of the usable layers, valid until the
+    std::vector<int32_t>             step_layers;  // next decode, and their layers
+    std::vector<common_spec_prefill_graph_stream> graph_streams; // the step's sequences, for the scoring graph
+    int32_t n_step_read = 0; // usable layers the step read
+    std::string capture_error;
+
+    std::vector<float> buf;       // one layer's weights on the host
+    std::vector<float> graph_out; // the scoring graph's values per cell and sequence
+    bool graph_off_prompt = false; // the graph's checks failed on this prompt: host scoring for the rest of it
+    int32_t n_reads_graph = 0;     // layer reads reduced in the scoring graph
+    int32_t n_reads_host  = 0;     // and on the host
+    int64_t t_reduce_us   = 0;     // time reducing rows after the query steps' decodes
+
+    spec_prefill_run(common_spec_prefill * sp, const std::atomic<bool> * cancel) : sp(sp), cancel(cancel),
+            layer_usable(sp->n_layer, 0), layer_seen(sp->n_layer, 0) {
+        llama_set_abort_callback(sp->ctx.get(), abort_cb, this);
+    }
+    ~spec_prefill_run() {
+        llama_set_abort_callback(sp->ctx.get(), nullptr, nullptr);
+    }
+    spec_prefill_run(const spec_prefill_run &) = delete;
+    spec_prefill_run & operator=(const spec_prefill_run &) = delete;
+
+    bool cancelled() const {
+        return cancel && cancel->load(std::memory_order_relaxed);
+    }
+    // cancellation: the CPU backend checks it between graph nodes, the driver between its decodes
+    static bool abort_cb(void * data) {
+        return ((const spec_prefill_run *) data)->cancelled();
+    }
 };
 
 //
@@ -134,8 +160,9 @@ struct common_spec_prefill {
 //
 
 // the scoring graph for the buffer that holds t, or nullptr to score on the host
-static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * sp, const ggml_tensor * t) {
-    if (sp->scoring == SPEC_PREFILL_SCORING_HOST || sp->graph_failed || sp->graph_off_prompt || !t->buffer) {
+static common_spec_prefill_graph * spec_prefill_graph_for(spec_prefill_run & run, const ggml_tensor * t) {
+    common_spec_prefill * sp = run.sp;
+    if (sp->scoring == SPEC_PREFILL_SCORING_HOST || sp->graph_failed || run.graph_off_prompt || !t->buffer) {
         return nullptr;
     }
     if (sp->scoring == SPEC_PREFILL_SCORING_AUTO && ggml_backend_buffer_is_host(t->buffer)) {
@@ -163,44 +190,45 @@ static common_spec_prefill_graph * spec_prefill_graph_for(common_spec_prefill * 
 }
 
 // fold one layer's rows into the streams' current rows on the host (spec-prefill-select.cpp)
-static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_tensor * t, int il) {
+static bool spec_prefill_read_layer_host(spec_prefill_run & run, const ggml_tensor * t, int il) {
+    common_spec_prefill * sp = run.sp;
     const int64_t n_kv     = t->ne[0];
     const int64_t n_rows   = t->ne[1];
     const int64_t n_head   = t->ne[2];
     const int64_t n_stream = t->ne[3];
 
-    if (t->type != GGML_TYPE_F32 || n_rows != 1 || n_stream != (int64_t) sp->streams.size()) {
-        sp->capture_error = string_format("unexpected attention layout in layer %d: type %s, [%" PRId64 ", %" PRId64
+    if (t->type != GGML_TYPE_F32 || n_rows != 1 || n_stream != (int64_t) run.streams.size()) {
+        run.capture_error = string_format("unexpected attention layout in layer %d: type %s, [%" PRId64 ", %" PRId64
                 ", %" PRId64 ", %" PRId64 "] for %zu sequences", il, ggml_type_name(t->type), n_kv, n_rows, n_head,
-                n_stream, sp->streams.size());
+                n_stream, run.streams.size());
         return false;
     }
-    sp->buf.resize(ggml_nelements(t));
-    ggml_backend_tensor_get(t, sp->buf.data(), 0, ggml_nbytes(t));
+    run.buf.resize(ggml_nelements(t));
+    ggml_backend_tensor_get(t, run.buf.data(), 0, ggml_nbytes(t));
 
     // cell j must be position j: nothing may sit beyond the cells a sequence has filled (checked on its first head)
     for (int64_t s = 0; s < n_stream; ++s) {
-        const spec_prefill_stream & st = sp->streams[s];
+        const spec_prefill_stream & st = run.streams[s];
         if (st.done) {
             continue;
         }
-        const float * probs = sp->buf.data() + s*n_head*n_kv;
+        const float * probs = run.buf.data() + s*n_head*n_kv;
         if (st.n_cells > n_kv) {
-            sp->capture_error = string_format("layer %d has %" PRId64 " KV cells, sequence %" PRId64 " needs %d", il,
+            run.capture_error = string_format("layer %d has %" PRId64 " KV cells, sequence %" PRId64 " needs %d", il,
                     n_kv, s, st.n_cells);
             return false;
         }
         double used = 0.0;
         for (int64_t j = 0; j < n_kv; ++j) {
             if (j >= st.n_cells && probs[j] != 0.0f) {
-                sp->capture_error = string_format("layer %d, sequence %" PRId64 ": attention on KV cell %" PRId64
+                run.capture_error = string_format("layer %d, sequence %" PRId64 ": attention on KV cell %" PRId64
                         " past the sequence's %d cells (cells do not map to positions)", il, s, j, st.n_cells);
                 return false;
             }
             used += probs[j];
         }
         if (!(used > 0.0) || !std::isfinite(used)) {
-            sp->capture_error = string_format("layer %d, sequence %" PRId64 ": empty or non-finite attention row", il, s);
+            run.capture_error = string_format("layer %d, sequence %" PRId64 ": empty or non-finite attention row", il, s);
             return false;
         }
     }
@@ -210,7 +238,7 @@ static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_te
     std::vector<std::pair<int32_t, int32_t>> tasks; // (stream, part)
     std::vector<int32_t> n_parts(n_stream, 0);
     for (int64_t s = 0; s < n_stream; ++s) {
-        spec_prefill_stream & st = sp->streams[s];
+        spec_prefill_stream & st = run.streams[s];
         if (!st.done) {
             n_parts[s] = common_spec_prefill_scores_n_parts(st.scores, n_head, st.n_norm);
             for (int32_t t = 0; t < n_parts[s]; ++t) {
@@ -221,114 +249,117 @@ static bool spec_prefill_read_layer_host(common_spec_prefill * sp, const ggml_te
     }
     common_spec_prefill_pool_run(sp->pool, (int32_t) tasks.size(), [&](int32_t i) {
         const auto [s, t] = tasks[i];
-        const spec_prefill_stream & st = sp->streams[s];
-        common_spec_prefill_scores_add_heads_part(st.scores, sp->buf.data() + (int64_t) s*n_head*n_kv, n_head, n_kv,
+        const spec_prefill_stream & st = run.streams[s];
+        common_spec_prefill_scores_add_heads_part(st.scores, run.buf.data() + (int64_t) s*n_head*n_kv, n_head, n_kv,
                 st.key0, st.n_norm, t, n_parts[s]);
     });
-    sp->layer_seen[il] = 1;
-    sp->n_reads_host++;
-    sp->n_step_read++;
+    run.layer_seen[il] = 1;
+    run.n_reads_host++;
+    run.n_step_read++;
     return true;
 }
 
-static void spec_prefill_read_step(common_spec_prefill * sp);
+static void spec_prefill_read_step(spec_prefill_run & run);
 
 // records the usable layers' kq_soft_max-<il> as the scheduler goes by them. Beside flash attention they are graph
 // outputs (patch 0003): nothing reuses their memory, so the decode runs through and they are read after it, all at
 // once. On the plain path the attention output reads them and their memory is reused after that, so the graph stops
 // at each one (a wait for the device per layer) and it is read here
 static bool spec_prefill_eval_cb(ggml_tensor * t, bool ask, void * user_data) {
-    auto * sp = (common_spec_prefill *) user_data;
+    auto & run = *(spec_prefill_run *) user_data;
+    common_spec_prefill * sp = run.sp;
 
     static constexpr char prefix[] = "kq_soft_max-";
     if (!ask) {
-        spec_prefill_read_step(sp);
+        spec_prefill_read_step(run);
         return true; // false would abort the graph: errors are reported after the decode
     }
     if (strncmp(t->name, prefix, sizeof(prefix) - 1) != 0) {
         return false;
     }
     const int il = atoi(t->name + sizeof(prefix) - 1);
-    if (il < 0 || il >= sp->n_layer || !sp->layer_usable[il]) {
+    if (il < 0 || il >= sp->n_layer || !run.layer_usable[il]) {
         return false;
     }
-    sp->step_weights.push_back(t);
-    sp->step_layers.push_back(il);
+    run.step_weights.push_back(t);
+    run.step_layers.push_back(il);
     return (t->flags & GGML_TENSOR_FLAG_OUTPUT) == 0;
 }
 
 // fold the recorded layers into the streams' current rows: in one scoring graph where the weights are, or on the
 // host. A graph whose checks fail hands this step and the next ones to the host, which checks the same
 // weights: if they pass there, the graph was what failed on this backend, and the request still gets its scores
-static void spec_prefill_read_step(common_spec_prefill * sp) {
+static void spec_prefill_read_step(spec_prefill_run & run) {
+    common_spec_prefill * sp = run.sp;
     std::vector<const ggml_tensor *> on_graph;
     std::vector<int32_t>             on_graph_il;
-    for (size_t i = 0; i < sp->step_weights.size() && sp->capture_error.empty(); ++i) {
-        const ggml_tensor * t = sp->step_weights[i];
-        if (spec_prefill_graph_for(sp, t)) {
+    for (size_t i = 0; i < run.step_weights.size() && run.capture_error.empty(); ++i) {
+        const ggml_tensor * t = run.step_weights[i];
+        if (spec_prefill_graph_for(run, t)) {
             on_graph.push_back(t);
-            on_graph_il.push_back(sp->step_layers[i]);
+            on_graph_il.push_back(run.step_layers[i]);
         } else {
-            spec_prefill_read_layer_host(sp, t, sp->step_layers[i]);
+            spec_prefill_read_layer_host(run, t, run.step_layers[i]);
         }
     }
-    if (!on_graph.empty() && sp->capture_error.empty()) {
-        const int32_t n_seq = (int32_t) sp->graph_streams.size();
-        sp->graph_out.resize((size_t) n_seq*sp->ctx_n_cells);
+    if (!on_graph.empty() && run.capture_error.empty()) {
+        const int32_t n_seq = (int32_t) run.graph_streams.size();
+        run.graph_out.resize((size_t) n_seq*sp->ctx_n_cells);
         std::string error;
-        const auto status = common_spec_prefill_graph_step(sp->graph, sp->graph_streams.data(), n_seq, on_graph.data(),
-                on_graph_il.data(), (int32_t) on_graph.size(), sp->graph_out.data(), error);
+        const auto status = common_spec_prefill_graph_step(sp->graph, run.graph_streams.data(), n_seq, on_graph.data(),
+                on_graph_il.data(), (int32_t) on_graph.size(), run.graph_out.data(), error);
         if (status == COMMON_SPEC_PREFILL_GRAPH_OK) {
             for (int32_t s = 0; s < n_seq; ++s) {
-                auto & st = sp->streams[s];
+                auto & st = run.streams[s];
                 if (!st.done) {
                     common_spec_prefill_scores_add_max(st.scores,
-                            sp->graph_out.data() + (size_t) s*sp->ctx_n_cells + sp->graph_streams[s].key0);
+                            run.graph_out.data() + (size_t) s*sp->ctx_n_cells + run.graph_streams[s].key0);
                     st.n_added += (int32_t) on_graph.size();
                 }
             }
             for (int32_t il : on_graph_il) {
-                sp->layer_seen[il] = 1;
+                run.layer_seen[il] = 1;
             }
-            sp->n_reads_graph += (int32_t) on_graph.size();
-            sp->n_step_read   += (int32_t) on_graph.size();
+            run.n_reads_graph += (int32_t) on_graph.size();
+            run.n_step_read   += (int32_t) on_graph.size();
         } else {
             // weights the graph rejects are checked again on the host: a fault of one prompt's graph costs that
             // prompt speed, an unsupported backend every prompt's
             const bool unsupported = status == COMMON_SPEC_PREFILL_GRAPH_UNSUPPORTED;
             LOG_WRN("%s: %s; scoring on the host%s\n", __func__, error.c_str(), unsupported ? "" : " for this prompt");
-            (unsupported ? sp->graph_failed : sp->graph_off_prompt) = true;
-            for (size_t i = 0; i < on_graph.size() && sp->capture_error.empty(); ++i) {
-                spec_prefill_read_layer_host(sp, on_graph[i], on_graph_il[i]);
+            (unsupported ? sp->graph_failed : run.graph_off_prompt) = true;
+            for (size_t i = 0; i < on_graph.size() && run.capture_error.empty(); ++i) {
+                spec_prefill_read_layer_host(run, on_graph[i], on_graph_il[i]);
             }
         }
     }
-    sp->step_weights.clear();
-    sp->step_layers.clear();
+    run.step_weights.clear();
+    run.step_layers.clear();
 }
 
 // one query step's decode: the eval callback records the usable layers' attention weights, folded into the streams'
 // rows once the decode is done (or dropped if it failed). The callback is installed only around the query steps:
 // installed, it makes the scheduler wait after every split, which would stall the prompt prefill's pipelining
-static int32_t spec_prefill_decode_query(common_spec_prefill * sp, const llama_batch & batch) {
+static int32_t spec_prefill_decode_query(spec_prefill_run & run, const llama_batch & batch) {
+    common_spec_prefill * sp = run.sp;
     llama_context * ctx = sp->ctx.get();
-    llama_set_eval_callback(ctx, spec_prefill_eval_cb, sp);
-    sp->n_step_read = 0;
+    llama_set_eval_callback(ctx, spec_prefill_eval_cb, &run);
+    run.n_step_read = 0;
     const int32_t ret = llama_decode(ctx, batch);
     llama_set_eval_callback(ctx, nullptr, nullptr);
     llama_synchronize(ctx);
     if (ret == 0) {
         const int64_t t_reduce = ggml_time_us();
-        spec_prefill_read_step(sp);
-        sp->t_reduce_us += ggml_time_us() - t_reduce;
+        spec_prefill_read_step(run);
+        run.t_reduce_us += ggml_time_us() - t_reduce;
         // every usable layer gave its weights (a graph built for fewer layers than the request's would not)
-        if (sp->capture_error.empty() && sp->probed && sp->n_step_read < sp->n_usable) {
-            sp->capture_error = string_format("the draft's graph gave the attention weights of %d of the %d layers "
-                    "it scores with", sp->n_step_read, sp->n_usable);
+        if (run.capture_error.empty() && sp->probed && run.n_step_read < run.n_usable) {
+            run.capture_error = string_format("the draft's graph gave the attention weights of %d of the %d layers "
+                    "it scores with", run.n_step_read, run.n_usable);
         }
     } else {
-        sp->step_weights.clear();
-        sp->step_layers.clear();
+        run.step_weights.clear();
+        run.step_layers.clear();
     }
     return ret;
 }
@@ -630,8 +661,6 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->model           = model;
     sp->model_owned     = std::move(model_owned);
     sp->self            = self;
-    sp->layer_usable.assign(sp->n_layer, 0);
-    sp->layer_seen.assign(sp->n_layer, 0);
     sp->pool = common_spec_prefill_pool_init(sp->n_threads_batch);
 
     if (!spec_prefill_probe_layers(sp)) {
@@ -846,34 +875,25 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
     }
     // the query step goes through the scoring too (its graph is made, sized and checked here), on streams marked done
     // for the host, so that nothing is folded into scores
-    sp->streams.assign(sp->ctx_n_seq, {});
-    sp->graph_streams.resize(sp->ctx_n_seq);
+    spec_prefill_run run(sp, nullptr);
+    run.streams.assign(sp->ctx_n_seq, {});
+    run.graph_streams.resize(sp->ctx_n_seq);
     for (int32_t s = 0; s < sp->ctx_n_seq; ++s) {
         const int32_t n_filled = s == 0 ? n_prefill + 1 : 1;
-        sp->streams[s].n_cells = n_filled;
-        sp->streams[s].done    = true;
-        sp->graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
+        run.streams[s].n_cells = n_filled;
+        run.streams[s].done    = true;
+        run.graph_streams[s]   = { 0, n_filled, n_filled, n_filled, true };
     }
-    sp->layer_usable = sp->layer_attn;
-    sp->n_usable     = 0; // nothing to check: the whole graph runs
-    ok = ok && spec_prefill_decode_query(sp, batch) == 0;
-    const std::string error = sp->capture_error;
+    run.layer_usable = sp->layer_attn;
+    run.n_usable     = 0; // nothing to check: the whole graph runs
+    ok = ok && spec_prefill_decode_query(run, batch) == 0;
+    const std::string error = run.capture_error;
     ok = ok && error.empty();
-    sp->streams.clear();
-    sp->capture_error.clear();
     llama_batch_free(batch);
     llama_memory_clear(llama_get_memory(ctx), false);
     if (!ok) {
         LOG_WRN("%s: the draft's warm-up failed%s%s\n", __func__, error.empty() ? "" : ": ", error.c_str());
     }
-}
-
-static bool spec_prefill_cancelled(const common_spec_prefill * sp) {
-    return sp->cancel && sp->cancel->load(std::memory_order_relaxed);
-}
-
-static bool spec_prefill_abort_cb(void * data) {
-    return spec_prefill_cancelled((const common_spec_prefill *) data);
 }
 
 // (re)create the draft context when the plan needs more sequences or cells than the current one has; a prepared
@@ -911,9 +931,6 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         sp->ctx_n_seq = sp->ctx_n_cells = 0;
         return false;
     }
-    // cancellation: the CPU backend checks it between graph nodes, the driver between its decodes
-    llama_set_abort_callback(sp->ctx.get(), spec_prefill_abort_cb, sp);
-
     // the query steps decode one token per sequence: only they output attention weights (beside flash attention)
     llama_set_attn_weights_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
     sp->ctx_n_seq   = n_seq;
@@ -1010,8 +1027,9 @@ common_spec_prefill_request common_spec_prefill_default_request(const common_spe
 // The query rows: with every layer, the window's last token and n_look - 1 greedy lookahead tokens after it; with the
 // first n_layers only there are no logits to pick them from, so they are the window's last n_look tokens themselves
 // (the prompt's end, where the question is), prefilled one step at a time
-static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector<spec_prefill_window_seq *> & round,
+static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<spec_prefill_window_seq *> & round,
         int32_t n_look, int32_t n_layers, common_spec_prefill_result & res, std::string & error) {
+    common_spec_prefill * sp = run.sp;
     llama_context * ctx = sp->ctx.get();
     llama_memory_t  mem = llama_get_memory(ctx);
     const int32_t n_seq  = (int32_t) round.size();
@@ -1035,11 +1053,11 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     for (const auto * w : round) {
         n_cells_max = std::max(n_cells_max, (int32_t) w->tokens.size() + (tail_rows ? 0 : n_look));
     }
-    sp->n_usable = 0;
+    run.n_usable = 0;
     for (int32_t il = 0; il < sp->n_layer; ++il) {
-        sp->layer_usable[il] = il < n_layers && sp->layer_attn[il] &&
+        run.layer_usable[il] = il < n_layers && sp->layer_attn[il] &&
                 (!llama_model_is_swa_layer(sp->model, il) || sp->n_swa >= n_cells_max);
-        sp->n_usable += sp->layer_usable[il];
+        run.n_usable += run.layer_usable[il];
     }
 
     llama_batch batch = llama_batch_init(std::max(sp->n_batch, n_seq), 0, 1);
@@ -1052,13 +1070,13 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         if (batch.n_tokens == 0) {
             return true;
         }
-        if (spec_prefill_cancelled(sp)) {
+        if (run.cancelled()) {
             batch.n_tokens = 0;
             error = "cancelled";
             return false;
         }
         const int64_t t_decode = ggml_time_us();
-        const int32_t ret = query ? spec_prefill_decode_query(sp, batch) : llama_decode(ctx, batch);
+        const int32_t ret = query ? spec_prefill_decode_query(run, batch) : llama_decode(ctx, batch);
         if (!query) {
             const int64_t t = ggml_time_us() - t_decode;
             n_decodes++;
@@ -1118,16 +1136,16 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     // 2. query steps, one token per sequence: the prompt's last token, then greedy lookahead tokens (or the last
     // n_look tokens)
     const int64_t t_query = ggml_time_us();
-    sp->streams.assign(n_seq, {});
+    run.streams.assign(n_seq, {});
     for (int32_t s = 0; s < n_seq; ++s) {
-        auto & st = sp->streams[s];
+        auto & st = run.streams[s];
         st.n_keys = round[s]->end - round[s]->begin;
         st.scores = common_spec_prefill_scores_init(st.n_keys, sp->params.pool_kernel,
                 std::max(1, sp->n_threads_batch / n_seq));
         st.key0   = round[s]->key0;
         st.n_norm = (int32_t) round[s]->tokens.size();
     }
-    sp->graph_streams.resize(n_seq);
+    run.graph_streams.resize(n_seq);
     std::vector<llama_token> next(n_seq);
     for (int32_t s = 0; s < n_seq; ++s) {
         next[s] = round[s]->tokens.back();
@@ -1136,7 +1154,7 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
     const int32_t n_vocab = llama_vocab_n_tokens(sp->vocab);
     for (int32_t k = 0; k < n_look && ok; ++k) {
         for (int32_t s = 0; s < n_seq; ++s) {
-            auto & st = sp->streams[s];
+            auto & st = run.streams[s];
             const int32_t pos = (int32_t) round[s]->tokens.size() - n_query_own + k;
             st.n_cells = pos + 1;
             st.n_added = 0;
@@ -1145,16 +1163,16 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
             }
             // finished sequences still decode, so that every step holds all streams in order
             spec_prefill_batch_add(batch, tail_rows ? round[s]->tokens[pos] : next[s], pos, s, !tail_rows);
-            sp->graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
+            run.graph_streams[s] = { st.key0, st.n_keys, st.n_norm, st.n_cells, !st.done };
         }
         ok = flush(/*query =*/ true);
-        if (ok && !sp->capture_error.empty()) {
-            error = sp->capture_error;
+        if (ok && !run.capture_error.empty()) {
+            error = run.capture_error;
             ok = false;
         }
         bool all_done = true;
         for (int32_t s = 0; s < n_seq && ok; ++s) {
-            auto & st = sp->streams[s];
+            auto & st = run.streams[s];
             if (st.done) {
                 continue;
             }
@@ -1187,12 +1205,12 @@ static bool spec_prefill_score_round(common_spec_prefill * sp, const std::vector
         if (ok) {
             // renormalised over n_norm keys, a window's rows compare to a full-prompt row once scaled by
             // n_norm / n_prompt (a uniform row then scores 1/n_prompt everywhere)
-            const float scale = (float) sp->streams[s].n_norm / (float) res.n_prompt;
-            common_spec_prefill_scores_get(sp->streams[s].scores, scale, res.scores.data() + round[s]->begin);
+            const float scale = (float) run.streams[s].n_norm / (float) res.n_prompt;
+            common_spec_prefill_scores_get(run.streams[s].scores, scale, res.scores.data() + round[s]->begin);
         }
-        common_spec_prefill_scores_free(sp->streams[s].scores);
+        common_spec_prefill_scores_free(run.streams[s].scores);
     }
-    sp->streams.clear();
+    run.streams.clear();
     llama_batch_free(batch);
     llama_memory_clear(mem, false);
     return ok;
@@ -1271,13 +1289,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     const bool cut = n_layers < sp->n_layer && sp->graph_cut && sp->layer_stop;
     llama_set_graph_n_layer(sp->ctx.get(), cut ? n_layers : 0);
     res.n_layers_run = cut ? n_layers : sp->n_layer;
-    sp->capture_error.clear();
-    sp->n_reads_graph    = 0;
-    sp->n_reads_host     = 0;
-    sp->t_reduce_us      = 0;
-    sp->graph_off_prompt = false;
-    sp->cancel           = req.cancel;
-    std::fill(sp->layer_seen.begin(), sp->layer_seen.end(), 0);
+    spec_prefill_run run(sp, req.cancel);
 
     std::string error;
     for (size_t w0 = 0; w0 < plan.windows.size(); w0 += plan.n_seq) {
@@ -1285,11 +1297,9 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
             round.push_back(&plan.windows[w]);
         }
-        if (!spec_prefill_score_round(sp, round, n_look, n_layers, res, error)) {
+        if (!spec_prefill_score_round(run, round, n_look, n_layers, res, error)) {
             res.scores.clear();
-            const bool cancelled = spec_prefill_cancelled(sp);
-            sp->cancel = nullptr;
-            if (cancelled) {
+            if (run.cancelled()) {
                 return full(COMMON_SPEC_PREFILL_CANCELLED, "cancelled");
             }
             if (const char * dev = spec_prefill_lost_device(sp)) {
@@ -1299,18 +1309,17 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
             return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + error);
         }
     }
-    sp->cancel = nullptr;
     // a connection lost after the last graph was queued leaves zeros where the attention rows would be
     if (const char * dev = spec_prefill_lost_device(sp)) {
         res.scores.clear();
         return full(COMMON_SPEC_PREFILL_FAILED, "scoring failed: " + spec_prefill_lost_reason(dev));
     }
-    res.n_layers = (int32_t) std::count(sp->layer_seen.begin(), sp->layer_seen.end(), 1);
-    res.t_reduce_ms = sp->t_reduce_us / 1000.0;
-    if (sp->n_reads_graph > 0) {
+    res.n_layers = (int32_t) std::count(run.layer_seen.begin(), run.layer_seen.end(), 1);
+    res.t_reduce_ms = run.t_reduce_us / 1000.0;
+    if (run.n_reads_graph > 0) {
         res.reduced_on = ggml_backend_dev_name(common_spec_prefill_graph_device(sp->graph));
     }
-    if (sp->n_reads_host > 0) {
+    if (run.n_reads_host > 0) {
         res.reduced_on += res.reduced_on.empty() ? "host" : "+host";
     }
 
