@@ -79,6 +79,10 @@ struct common_spec_prefill {
     llama_model     * model = nullptr;
     bool              self  = false; // the target's own weights score (-mpd self)
     llama_context_ptr ctx;
+    // spec_prefill_probe_layers's context, kept until the scorer is freed: freed before the scoring context's first
+    // use, its buffers met a use-after-free in lavapipe 22.3's deferred buffer destruction (the Vulkan tests' device;
+    // docs/log/benchmarks-notes.md) now and then. It is 256 cells and a compute buffer for 8 tokens
+    llama_context_ptr ctx_probe;
     const llama_vocab * vocab = nullptr;
     std::vector<std::string> token_pieces; // per token id: its text (special tokens rendered), found at its first use
     std::vector<uint8_t>     token_known;  // per token id: token_pieces holds it
@@ -428,25 +432,27 @@ static bool spec_prefill_probe_layers(common_spec_prefill * sp) {
     sp->layer_attn.assign(sp->n_layer, 1);
     sp->graph_cut = false;
 
-    llama_context_ptr ctx(llama_init_from_model(sp->model, spec_prefill_ctx_params(sp, 1, 256, 8, 8)));
+    sp->ctx_probe.reset(llama_init_from_model(sp->model, spec_prefill_ctx_params(sp, 1, 256, 8, 8)));
+    llama_context * ctx = sp->ctx_probe.get();
     if (!ctx) {
         return false;
     }
-    llama_set_attn_weights_max_tokens(ctx.get(), 1);
+    llama_set_attn_weights_max_tokens(ctx, 1);
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
     llama_batch batch = llama_batch_init(1, 0, 1);
     spec_prefill_batch_add(batch, tok, 0, 0, false);
-    bool ok = llama_decode(ctx.get(), batch) == 0;
+    bool ok = llama_decode(ctx, batch) == 0;
     spec_prefill_probe full, cut;
     full.attn.assign(sp->n_layer, 0);
     cut.attn.assign(sp->n_layer, 0);
     for (auto * probe : { &full, &cut }) {
-        llama_set_graph_n_layer(ctx.get(), probe == &cut ? 1 : 0);
-        llama_set_eval_callback(ctx.get(), spec_prefill_probe_cb, probe);
+        llama_set_graph_n_layer(ctx, probe == &cut ? 1 : 0);
+        llama_set_eval_callback(ctx, spec_prefill_probe_cb, probe);
         batch.n_tokens = 0;
         spec_prefill_batch_add(batch, tok, probe == &cut ? 2 : 1, 0, false);
-        ok = ok && llama_decode(ctx.get(), batch) == 0;
+        ok = ok && llama_decode(ctx, batch) == 0;
     }
+    llama_set_eval_callback(ctx, nullptr, nullptr);
     llama_batch_free(batch);
     ok = ok && std::count(full.attn.begin(), full.attn.end(), 1) > 0;
     if (ok) {
