@@ -44,19 +44,17 @@ gemma)
     if [ "$(sha256sum "$W/gemma.gguf" | cut -d' ' -f1)" = "$want" ]; then echo "gemma.gguf complete"; fi
     ;;
 pair)
-    mkdir -p "$W"
-    touch "$W/pair.done"
-    for part in .carry/pair/part*; do
-        grep -qx "$(basename "$part")" "$W/pair.done" && continue
-        cat "$part" >> "$W/pair.cat" && basename "$part" >> "$W/pair.done"
-    done
+    # parts kept apart and joined in order once all are there, so that a part sent twice or out of order does no harm
+    mkdir -p "$W/pair-parts"
+    cp .carry/pair/part* "$W/pair-parts/"
     target_size=1117320768 draft_size=491400064
-    size=$(stat -c %s "$W/pair.cat")
-    echo "pair: $(wc -l < "$W/pair.done") parts, $size of $((target_size + draft_size)) bytes"
+    size=$(cat "$W"/pair-parts/part* | wc -c)
+    echo "pair: $(ls "$W/pair-parts" | wc -l) parts, $size of $((target_size + draft_size)) bytes"
     if [ "$size" = $((target_size + draft_size)) ]; then
+        cat "$W"/pair-parts/part* > "$W/pair.cat"
         head -c $target_size "$W/pair.cat" > "$W/qwen2.5-coder-1.5b-instruct.gguf"
         tail -c $draft_size "$W/pair.cat" > "$W/qwen2.5-coder-0.5b-instruct.gguf"
-        (cd "$W" && sha256sum -c "$OLDPWD/.carry/pair.sha256") && rm "$W/pair.cat"
+        (cd "$W" && sha256sum -c "$OLDPWD/.carry/pair.sha256") && rm -r "$W/pair.cat" "$W/pair-parts"
     fi
     ;;
 bench)
