@@ -38,6 +38,7 @@ def eval_through_server(build, bpe_models, workspace, tmp_path_factory) -> tuple
     return out, proc
 
 
+@pytest.mark.slow  # the module's eval through the server: 18 s on 2 cores
 def test_eval_writes_every_case_under_every_setting(eval_through_server):
     out, proc = eval_through_server
     document = json.loads((out / "results.json").read_text())
@@ -55,6 +56,7 @@ def test_eval_writes_every_case_under_every_setting(eval_through_server):
     assert "## By setting" in proc.stderr and "wrote" in proc.stderr
 
 
+@pytest.mark.slow  # the module's eval through the server: 18 s on 2 cores
 def test_eval_rows_agree_with_what_the_server_kept(eval_through_server):
     out, _ = eval_through_server
     rows = json.loads((out / "results.json").read_text())["rows"]

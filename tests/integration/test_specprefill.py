@@ -165,8 +165,9 @@ def test_scoring_graph_skips_heads_that_ignore_the_prompt(tool, sharp_model, win
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
-@pytest.mark.parametrize("arch,fa,group_mb", [("llama", "off", "64"), ("gemma3", "off", "64"), ("llama", "on", "64"),
-                                              ("llama", "on", "0")])
+@pytest.mark.parametrize("arch,fa,group_mb", [("llama", "off", "64"),
+                                              pytest.param("gemma3", "off", "64", marks=pytest.mark.slow),  # 13 s
+                                              ("llama", "on", "64"), ("llama", "on", "0")])
 def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, arch, fa, group_mb):
     """With the draft on a Vulkan device, its attention rows are reduced there and score like the CPU reference: read
     layer by layer during the decode on the plain path (-fa off), all at once after it beside flash attention; the
@@ -185,6 +186,7 @@ def test_scoring_on_a_vulkan_device_matches_the_cpu(build, tool, tiny_models, ar
 
 
 @pytest.mark.skipif(not lavapipe_available(), reason="no lavapipe Vulkan device (apt install mesa-vulkan-drivers)")
+@pytest.mark.slow  # 10 s on 2 cores
 def test_grouped_query_heads_on_a_vulkan_device_score_like_the_cpu(build, tool, bpe_models):
     """The grouped-heads side branch (4 query heads on 2 KV heads) on a Vulkan device, windows side by side, against
     the CPU's plain path reduced on the host."""
