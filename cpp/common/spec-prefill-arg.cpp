@@ -57,6 +57,26 @@ double common_spec_prefill_parse_number(const std::string & flag, const std::str
     return x;
 }
 
+const char * common_spec_prefill_tool_guard_name(enum common_spec_prefill_tool_guard guard) {
+    switch (guard) {
+        case COMMON_SPEC_PREFILL_TOOL_GUARD_OFF:     return "off";
+        case COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP:    return "skip";
+        case COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT: return "protect";
+    }
+    return nullptr;
+}
+
+bool common_spec_prefill_tool_guard_parse(const std::string & name, enum common_spec_prefill_tool_guard & guard) {
+    for (const auto g : { COMMON_SPEC_PREFILL_TOOL_GUARD_OFF, COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP,
+                          COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT }) {
+        if (name == common_spec_prefill_tool_guard_name(g)) {
+            guard = g;
+            return true;
+        }
+    }
+    return false;
+}
+
 static int32_t spec_prefill_int(const char * flag, const std::string & text, const common_spec_prefill_range & range) {
     return (int32_t) common_spec_prefill_parse_number(flag, text, range);
 }
@@ -289,13 +309,26 @@ void common_spec_prefill_add_args(const common_params & params, const std::funct
         }
     ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_BREAK_EVEN"));
     add_opt(common_arg(
-        {"--spec-prefill-tool-guard"},
-        {"--no-spec-prefill-tool-guard"},
-        "speculative prefill in llama-server: prefill requests with tools or a tool-call grammar in full (default: enabled)",
-        [](common_params & params, bool value) {
-            params.spec_prefill.server.tool_guard = value;
+        {"--spec-prefill-tool-guard"}, "skip|protect|off",
+        string_format("speculative prefill in llama-server, for requests with tools or a tool-call grammar: skip "
+            "prefills them in full; protect keeps the system message, the tool definitions, the last user message "
+            "and the latest tool call whole and scores the rest (older turns, tool results); off scores them like "
+            "any other (default: %s)", common_spec_prefill_tool_guard_name(params.spec_prefill.server.tool_guard)),
+        [](common_params & params, const std::string & value) {
+            // the boolean spellings of the earlier on/off flag, for its environment variable
+            const std::string v = value == "1" || value == "true" ? "skip" : value == "0" || value == "false" ? "off" : value;
+            if (!common_spec_prefill_tool_guard_parse(v, params.spec_prefill.server.tool_guard)) {
+                throw std::invalid_argument("--spec-prefill-tool-guard must be skip, protect or off, got '" + value + "'");
+            }
         }
     ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}).set_env("LLAMA_ARG_SPEC_PREFILL_TOOL_GUARD"));
+    add_opt(common_arg(
+        {"--no-spec-prefill-tool-guard"},
+        "speculative prefill in llama-server: the same as --spec-prefill-tool-guard off",
+        [](common_params & params) {
+            params.spec_prefill.server.tool_guard = COMMON_SPEC_PREFILL_TOOL_GUARD_OFF;
+        }
+    ).set_spec().set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
         {"--spec-prefill-queue-max"}, "N",
         "speculative prefill in llama-server: at most N requests wait for the prefill draft while it scores another; "

@@ -5,6 +5,7 @@
 // once, against one range, with one message.
 
 #include "ggml-backend.h"
+#include "spec-prefill-params.h"
 
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,12 @@ inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_WINDOW         = {
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_CTX            = { 512.0, SPEC_PREFILL_INT_MAX, false, true, true };
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_COUNT          = { 0.0, SPEC_PREFILL_INT_MAX, false, true, false };
 inline constexpr common_spec_prefill_range SPEC_PREFILL_RANGE_QUEUE_MAX      = { -1.0, SPEC_PREFILL_INT_MAX, false, true, false };
+
+// "off", "skip" or "protect"; nullptr for an unknown value
+const char * common_spec_prefill_tool_guard_name(enum common_spec_prefill_tool_guard guard);
+
+// the guard a flag, an environment variable or a request names; false for an unknown name
+bool common_spec_prefill_tool_guard_parse(const std::string & name, enum common_spec_prefill_tool_guard & guard);
 
 // "in (0, 1]", "an integer in [0, 65536]", "0 or an integer >= 256", ...
 std::string common_spec_prefill_range_text(const common_spec_prefill_range & range);

@@ -41,12 +41,21 @@ struct common_spec_prefill_select_params {
                                 // the highest-scoring chunks that still fit (for small-memory targets)
 };
 
+// what llama-server does with a request that carries tools or a tool-call grammar
+enum common_spec_prefill_tool_guard {
+    COMMON_SPEC_PREFILL_TOOL_GUARD_OFF     = 0, // score it like any other request
+    COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP    = 1, // prefill it in full
+    COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT = 2, // keep the chat's structure whole (the system message, the tool
+                                                // definitions, the last user message, the latest tool call) and
+                                                // score the rest: older turns and tool results
+};
+
 // what llama-server decides per request before it scores a prompt (server-specprefill.h)
 struct common_spec_prefill_server_params {
     bool  reuse_exact = false; // a follow-up reuses a sparse KV only up to its first dropped position
     float break_even  = 1.1f;  // skip when the estimated speedup is below this (0: never skip): by default a lossy
                                // prefill must save at least a tenth of the time; the wait for the scorer counts
-    bool  tool_guard  = true;  // requests with tools are prefilled in full
+    enum common_spec_prefill_tool_guard tool_guard = COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP;
     int32_t queue_max = -1;    // >= 0: at most this many requests wait for the scorer, the next is prefilled in full
                                // (-1: no bound but the slots and the break-even)
     int32_t window_min = 1024; // the smallest window a request may ask for: smaller ones cost more to score than no

@@ -459,7 +459,8 @@ std::vector<int32_t> common_spec_prefill_select(
         int32_t n_tokens,
         const common_spec_prefill_select_params & params,
         const uint8_t * line_ends,
-        const std::string * pieces) {
+        const std::string * pieces,
+        const uint8_t * protect) {
     std::vector<int32_t> kept;
     if (n_tokens <= 0) {
         return kept;
@@ -484,6 +485,10 @@ std::vector<int32_t> common_spec_prefill_select(
             keep[i] = keep[i] || asked[i];
         }
     }
+    auto is_protected = [&](int32_t i) { return protect && protect[i]; };
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        keep[i] = keep[i] || is_protected(i);
+    }
 
     auto score_at = [&](int32_t i) {
         const float s = scores[i];
@@ -492,17 +497,21 @@ std::vector<int32_t> common_spec_prefill_select(
 
     std::vector<double> chunk_sum(n_chunks, 0.0);
     std::vector<int32_t> candidates;
+    int32_t n_protected_chunks = 0; // wholly protected: the fraction `keep` applies to the other chunks
     for (int32_t c = 0; c < n_chunks; ++c) {
         const int32_t i0 = bounds[c];
         const int32_t i1 = bounds[c + 1];
-        bool all_forced = true;
+        bool all_forced    = true;
+        bool all_protected = true;
         for (int32_t i = i0; i < i1; ++i) {
             chunk_sum[c] += score_at(i);
-            all_forced = all_forced && keep[i];
+            all_forced    = all_forced && keep[i];
+            all_protected = all_protected && is_protected(i);
         }
         if (!all_forced) {
             candidates.push_back(c);
         }
+        n_protected_chunks += all_protected;
     }
     auto chunk_mean = [&](int32_t c) {
         return chunk_sum[c] / (bounds[c + 1] - bounds[c]);
@@ -535,11 +544,14 @@ std::vector<int32_t> common_spec_prefill_select(
     };
 
     if (params.mode == COMMON_SPEC_PREFILL_SELECT_MASS) {
+        // the mass of the tokens that are not protected: protected spans neither count toward it nor fill it
         double total = 0.0;
         double held  = 0.0;
         for (int32_t i = 0; i < n_tokens; ++i) {
-            total += score_at(i);
-            held  += keep[i] ? score_at(i) : 0.0;
+            if (!is_protected(i)) {
+                total += score_at(i);
+                held  += keep[i] ? score_at(i) : 0.0;
+            }
         }
         const double target = params.mass * total;
         for (int32_t c : candidates) {
@@ -557,7 +569,7 @@ std::vector<int32_t> common_spec_prefill_select(
     } else {
         // the small epsilon keeps e.g. 0.3 * 10 chunks at 3, not 4; keep is a float, off by up to keep * FLT_EPSILON / 2,
         // so the epsilon grows with the product (0.3f * 100 = 30.0000012 must give 30, not 31)
-        const double  x     = (double) params.keep * n_chunks;
+        const double  x     = (double) params.keep * (n_chunks - n_protected_chunks);
         const int32_t n_top = std::max(1, (int32_t) std::ceil(x - std::max(1e-6, x * FLT_EPSILON)));
         int32_t n_taken = 0;
         for (size_t k = 0; k < candidates.size() && n_taken < n_top; ++k) {

@@ -90,10 +90,13 @@ void common_spec_prefill_pool_row(const float * probs, int64_t key0, int64_t n_k
 // windows
 //
 
-struct common_spec_prefill_window {
-    int32_t begin; // first prompt token of the window
+// a span of prompt tokens: a scored window, a protected message
+struct common_spec_prefill_span {
+    int32_t begin; // first prompt token of the span
     int32_t end;   // one past the last
 };
+
+using common_spec_prefill_window = common_spec_prefill_span;
 
 // split [0, n_tokens) into ceil(n_tokens / window) windows of near-equal size (differing by at most one token),
 // covering every token exactly once; window <= 0 or >= n_tokens gives one window
@@ -119,13 +122,16 @@ std::vector<uint8_t> common_spec_prefill_question_lines(const std::string * piec
 
 // the sorted prompt positions to prefill; every position when the selection keeps everything. line_ends (may be
 // null): which tokens end a line, for params.chunk_lines, params.complete_lines and params.question_lines; pieces
-// (may be null): each token's text, for params.question_lines, whose lines are always kept like the head and tail
+// (may be null): each token's text, for params.question_lines, whose lines are always kept like the head and tail;
+// protect (may be null): tokens kept whatever they score (protect[i] != 0), such as a chat's system message and tool
+// definitions; the fraction params.keep and the mass params.mass apply to the rest (chunks not wholly protected)
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,
         const struct common_spec_prefill_select_params & params,
         const uint8_t * line_ends = nullptr,
-        const std::string * pieces = nullptr);
+        const std::string * pieces = nullptr,
+        const uint8_t * protect = nullptr);
 
 // nullptr if the parameters are valid, else what is wrong
 const char * common_spec_prefill_select_params_check(const struct common_spec_prefill_select_params & params);

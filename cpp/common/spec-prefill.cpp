@@ -1345,8 +1345,18 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
             pieces.push_back(spec_prefill_piece(sp, prompt[i]));
         }
     }
+    std::vector<uint8_t> protect;
+    for (const auto & span : req.protect) {
+        const int32_t b = std::max(span.begin, res.n_past) - res.n_past;
+        const int32_t e = std::min(span.end, res.n_prompt) - res.n_past;
+        if (b < e) {
+            protect.resize(n_new, 0);
+            std::fill(protect.begin() + b, protect.begin() + e, 1);
+        }
+    }
     auto kept = common_spec_prefill_select(res.scores.data() + res.n_past, n_new, select,
-            line_ends.empty() ? nullptr : line_ends.data(), pieces.empty() ? nullptr : pieces.data());
+            line_ends.empty() ? nullptr : line_ends.data(), pieces.empty() ? nullptr : pieces.data(),
+            protect.empty() ? nullptr : protect.data());
     if ((int32_t) kept.size() >= n_new) {
         return full(COMMON_SPEC_PREFILL_KEPT_ALL, "the selection kept every token");
     }

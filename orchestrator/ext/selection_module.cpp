@@ -110,7 +110,7 @@ NB_MODULE(_selection, m) {
     m.def("select", [](f32_array scores, const std::string & mode, float keep, float mass, int32_t chunk_size,
                        int32_t keep_first, int32_t keep_last, std::optional<std::vector<uint8_t>> line_ends,
                        bool chunk_lines, bool complete_lines, std::optional<std::vector<std::string>> pieces,
-                       int32_t question_lines) {
+                       int32_t question_lines, std::optional<std::vector<uint8_t>> protect) {
         if (scores.ndim() != 1) {
             throw std::invalid_argument("select: scores must be 1-D");
         }
@@ -119,6 +119,9 @@ NB_MODULE(_selection, m) {
         }
         if (pieces && pieces->size() != scores.shape(0)) {
             throw std::invalid_argument("select: need one piece per score");
+        }
+        if (protect && protect->size() != scores.shape(0)) {
+            throw std::invalid_argument("select: need one protect flag per score");
         }
         auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
         if (const char * problem = common_spec_prefill_select_params_check(params)) {
@@ -131,14 +134,16 @@ NB_MODULE(_selection, m) {
             throw std::invalid_argument(problem);
         }
         return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params,
-                line_ends ? line_ends->data() : nullptr, pieces ? pieces->data() : nullptr);
+                line_ends ? line_ends->data() : nullptr, pieces ? pieces->data() : nullptr,
+                protect ? protect->data() : nullptr);
     }, nb::arg("scores"), nb::arg("mode") = "keep", nb::arg("keep") = 0.3f, nb::arg("mass") = 0.85f,
        nb::arg("chunk_size") = 32, nb::arg("keep_first") = 4, nb::arg("keep_last") = 64,
        nb::arg("line_ends") = nb::none(), nb::arg("chunk_lines") = true, nb::arg("complete_lines") = false,
-       nb::arg("pieces") = nb::none(), nb::arg("question_lines") = 0,
+       nb::arg("pieces") = nb::none(), nb::arg("question_lines") = 0, nb::arg("protect") = nb::none(),
        "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines "
        "(chunk_lines) and kept runs grow to whole lines (complete_lines); with pieces (each token's text) too, the "
-       "lines sharing a word with the question are kept (question_lines > 0: the most lines such a word may be in).");
+       "lines sharing a word with the question are kept (question_lines > 0: the most lines such a word may be in); "
+       "protect (a flag per token): tokens always kept, the fraction or mass applying to the other chunks.");
 
     m.def("question_lines", [](std::vector<std::string> pieces, std::vector<uint8_t> line_ends, int32_t n_question,
                                int32_t max_lines) {

@@ -214,7 +214,8 @@ def grow_runs_to_lines(kept: set[int], n: int, line_ends, limit: int) -> set[int
 
 def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, chunk_size: int = 32,
            keep_first: int = 4, keep_last: int = 64, line_ends=None, chunk_lines: bool = True,
-           complete_lines: bool = False, pieces: list[str] | None = None, question_lines: int = 0) -> list[int]:
+           complete_lines: bool = False, pieces: list[str] | None = None, question_lines: int = 0,
+           protect=None) -> list[int]:
     problem = check_params(mode, keep, mass, chunk_size, keep_first, keep_last)
     if problem is not None:
         raise ValueError(problem)
@@ -227,14 +228,19 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
     kept = forced_positions(n, chunk_size, keep_first, keep_last)
     if question_lines > 0 and line_ends is not None and pieces is not None:
         kept |= question_line_positions(pieces, line_ends, min(n, max(keep_last, chunk_size, 1)), question_lines)
+    protected = {i for i in range(n) if protect is not None and protect[i]}
+    kept |= protected
     order = ranked_candidates(scores, chunk_size, keep_first, keep_last, cut_at_lines, forced=set(kept))
 
     if mode == "keep":
-        for c in order[:keep_count(keep, len(chunks), len(order))]:
+        # the fraction applies to the chunks that are not wholly protected
+        n_open = sum(1 for r in chunks if not all(i in protected for i in r))
+        for c in order[:keep_count(keep, n_open, len(order))]:
             kept.update(chunks[c])
     else:
-        total = seq_sum(s)
-        held = seq_sum(s[i] for i in sorted(kept))
+        # protected tokens neither count toward the mass nor fill it
+        total = seq_sum(s[i] for i in range(n) if i not in protected)
+        held = seq_sum(s[i] for i in sorted(kept - protected))
         target = float(np.float32(mass)) * total
         for c in order:
             if held >= target:

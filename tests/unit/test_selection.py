@@ -339,6 +339,41 @@ def test_select_with_question_lines_matches_reference(data, p, mode, max_lines):
     assert set(plain) <= set(got)
 
 
+@FAST
+@given(st.integers(1, 400), select_params(), st.sampled_from(["keep", "mass"]),
+       st.lists(st.tuples(st.integers(0, 400), st.integers(0, 120)), max_size=4), st.integers(0, 2**32 - 1))
+def test_select_with_protected_spans_matches_reference(n, p, mode, spans, seed):
+    scores = np.ascontiguousarray(np.random.default_rng(seed).random(n), dtype=np.float32)
+    protect = [0] * n
+    for begin, length in spans:
+        for i in range(begin, min(n, begin + length)):
+            protect[i] = 1
+    args = (scores, mode, p["keep"], p["mass"], p["chunk_size"], p["keep_first"], p["keep_last"])
+    got = list(sel.select(*args, chunk_lines=False, protect=protect))
+    assert got == ref.select(*args[:2], **p, chunk_lines=False, protect=protect)
+    # every protected token is kept
+    assert {i for i in range(n) if protect[i]} <= set(got)
+
+
+def test_protected_spans_are_kept_and_the_fraction_applies_to_the_rest():
+    """A 1,024-token prompt in 32 chunks of 32, its first 8 chunks protected (a system message and tool schemas): they
+    are kept although they score nothing, and p = 0.25 takes a quarter of the other 24 chunks (6), the highest, not a
+    quarter of all 32 (8); the last chunk is the always-kept tail (at least one chunk), so it is not among them."""
+    n, chunk = 1024, 32
+    scores = np.zeros(n, np.float32)
+    for c in range(8, 32):
+        scores[c * chunk:(c + 1) * chunk] = c  # later chunks score higher
+    protect = [1] * (8 * chunk) + [0] * (n - 8 * chunk)
+    args = (scores, "keep", 0.25, 0.85, chunk, 0, 1)
+    kept = set(sel.select(*args, chunk_lines=False, protect=protect))
+    # the tail (chunk 31) and the highest six others, 25-30
+    assert kept == set(range(8 * chunk)) | set(range(25 * chunk, n))
+    plain = set(sel.select(*args, chunk_lines=False))
+    assert plain == set(range(23 * chunk, n))  # without protection: a quarter of all 32, 23-30, and the tail
+    with pytest.raises(ValueError, match="protect flag"):
+        sel.select(*args, protect=[1])
+
+
 def test_question_lines_keep_the_asked_key_and_skip_common_words():
     """A multi-key prompt: the asked vault's line shares 'orion' (any case, split over pieces) with the question and
     is kept although it scores nothing; 'vault' is in four lines, too common under a limit of 3 to add any; the other

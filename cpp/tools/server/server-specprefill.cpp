@@ -1,5 +1,6 @@
 #include "server-specprefill.h"
 
+#include "chat.h"
 #include "log.h"
 #include "spec-prefill-arg.h"
 #include "../../src/llama-ext.h"
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 
 #define SPP_INF(fmt, ...) LOG_INF("srv  spec-prefill: " fmt, __VA_ARGS__)
 #define SPP_WRN(fmt, ...) LOG_WRN("srv  spec-prefill: " fmt, __VA_ARGS__)
+#define SPP_DBG(fmt, ...) LOG_DBG("srv  spec-prefill: " fmt, __VA_ARGS__)
 
 const char * server_spec_prefill_status_name(enum server_spec_prefill_status status) {
     switch (status) {
@@ -57,6 +60,7 @@ json server_spec_prefill_params::to_json() const {
         {"question_lines", select.question_lines},
         {"keep_first", select.keep_first},
         {"keep_last",  select.keep_last},
+        {"tool_guard", common_spec_prefill_tool_guard_name(tool_guard)},
     };
 }
 
@@ -98,6 +102,74 @@ static float spec_prefill_get_float(const json & obj, const char * key, const st
     return (float) spec_prefill_get_in_range(obj, key, field, range);
 }
 
+// how much of a string prompt's start is kept to find it in the tokens' text (a tokenizer's BOS or leading space)
+static constexpr size_t SPEC_PREFILL_PROMPT_HEAD = 64;
+
+// spec_prefill.keep: [[begin, end], ...] in characters (Unicode code points) of a string prompt, or in tokens of a
+// token prompt; held as bytes of the string or as tokens
+static void spec_prefill_client_spans(const json & data, const json & keep, server_spec_prefill_params & params) {
+    const std::string field = "spec_prefill.keep";
+    const json prompt = data.contains("prompt") ? data.at("prompt") : json();
+    const bool text   = prompt.is_string();
+    const bool tokens = prompt.is_array() && !prompt.empty() &&
+            std::all_of(prompt.begin(), prompt.end(), [](const json & t) { return t.is_number_integer(); });
+    if (!text && !tokens) {
+        spec_prefill_bad_field(field, "needs one prompt, a string or an array of tokens, to index");
+    }
+    if (!keep.is_array()) {
+        spec_prefill_bad_field(field, "must be an array of [begin, end] ranges, got " + keep.dump());
+    }
+    // byte offset of each code point, and one past the last
+    std::vector<int32_t> byte_of;
+    if (text) {
+        const std::string s = prompt.get<std::string>();
+        for (size_t i = 0; i < s.size(); ++i) {
+            if (((unsigned char) s[i] & 0xC0) != 0x80) {
+                byte_of.push_back((int32_t) i);
+            }
+        }
+        byte_of.push_back((int32_t) s.size());
+    }
+    const int64_t n = text ? (int64_t) byte_of.size() - 1 : (int64_t) prompt.size();
+    for (const json & r : keep) {
+        const bool pair = r.is_array() && r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer();
+        if (!pair || r[0].get<int64_t>() < 0 || r[0].get<int64_t>() > r[1].get<int64_t>() || r[1].get<int64_t>() > n) {
+            spec_prefill_bad_field(field, string_format("each range must be [begin, end] with 0 <= begin <= end <= %lld "
+                    "(the prompt's %s), got %s", (long long) n, text ? "characters" : "tokens", r.dump().c_str()));
+        }
+        server_spec_prefill_protect span;
+        span.role      = "client";
+        span.in_tokens = tokens;
+        span.begin     = text ? byte_of[r[0].get<int64_t>()] : (int32_t) r[0].get<int64_t>();
+        span.end       = text ? byte_of[r[1].get<int64_t>()] : (int32_t) r[1].get<int64_t>();
+        params.protect.push_back(span);
+    }
+}
+
+// what server_spec_prefill_chat_spans wrote: [{"role", "begin", "end"}] in bytes of the rendered prompt
+static void spec_prefill_chat_spans_from_json(const json & spans, server_spec_prefill_params & params) {
+    const std::string field = "spec_prefill_spans";
+    if (!spans.is_array()) {
+        spec_prefill_bad_field(field, "must be an array of {role, begin, end}, got " + spans.dump());
+    }
+    for (const json & r : spans) {
+        const bool ok = r.is_object() && r.contains("role") && r.at("role").is_string() &&
+                r.contains("begin") && r.at("begin").is_number_integer() &&
+                r.contains("end") && r.at("end").is_number_integer() &&
+                r.at("begin").get<int64_t>() >= 0 && r.at("begin").get<int64_t>() <= r.at("end").get<int64_t>() &&
+                r.at("end").get<int64_t>() <= INT32_MAX;
+        if (!ok) {
+            spec_prefill_bad_field(field, "each span must be {\"role\": string, \"begin\": int, \"end\": int} with "
+                    "0 <= begin <= end, got " + r.dump());
+        }
+        server_spec_prefill_protect span;
+        span.role  = r.at("role").get<std::string>();
+        span.begin = (int32_t) r.at("begin").get<int64_t>();
+        span.end   = (int32_t) r.at("end").get<int64_t>();
+        params.protect.push_back(span);
+    }
+}
+
 server_spec_prefill_params server_spec_prefill_params_from_json(const common_params & params_base, const json & data) {
     const auto & spp = params_base.spec_prefill;
 
@@ -109,6 +181,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     params.lookahead  = spp.lookahead;
     params.layers     = spp.n_layers;
     params.break_even = spp.server.break_even;
+    params.tool_guard = spp.server.tool_guard;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
     if (spec_prefill_has(data, "specprefill")) {
@@ -129,7 +202,7 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else {
             static const std::vector<std::string> known = { "enabled", "p", "select", "mass", "min_tokens",
                 "window", "lookahead", "layers", "break_even", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
-                "keep_first", "keep_last", "return_kept" };
+                "keep_first", "keep_last", "return_kept", "tool_guard", "keep" };
             for (const auto & item : obj.items()) {
                 if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
                     // the key as JSON writes it, without its quotes: a control character in it (a NUL ended the
@@ -214,7 +287,23 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             if (spec_prefill_has(obj, "return_kept")) {
                 params.return_kept = spec_prefill_get_bool(obj, "return_kept", "spec_prefill.return_kept");
             }
+            if (spec_prefill_has(obj, "tool_guard")) {
+                const json & v = obj.at("tool_guard");
+                if (!v.is_string() || !common_spec_prefill_tool_guard_parse(v.get<std::string>(), params.tool_guard)) {
+                    spec_prefill_bad_field("spec_prefill.tool_guard", "must be \"skip\", \"protect\" or \"off\", got " +
+                            v.dump());
+                }
+            }
+            if (spec_prefill_has(obj, "keep")) {
+                spec_prefill_client_spans(data, obj.at("keep"), params);
+            }
         }
+    }
+    if (spec_prefill_has(data, "spec_prefill_spans")) {
+        spec_prefill_chat_spans_from_json(data.at("spec_prefill_spans"), params);
+    }
+    if (data.contains("prompt") && data.at("prompt").is_string()) {
+        params.prompt_head = data.at("prompt").get<std::string>().substr(0, SPEC_PREFILL_PROMPT_HEAD);
     }
 
     // tools: the chat endpoint leaves them in the request, and renders a lazy tool-call grammar
@@ -227,8 +316,176 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
 }
 
 //
+// the chat's structure
+//
+
+// the lengths of the common prefix and the common suffix of a and b, which do not overlap
+static void spec_prefill_common_ends(const std::string & a, const std::string & b, size_t & prefix, size_t & suffix) {
+    const size_t n = std::min(a.size(), b.size());
+    prefix = 0;
+    while (prefix < n && a[prefix] == b[prefix]) {
+        prefix++;
+    }
+    suffix = 0;
+    while (suffix < n - prefix && a[a.size() - 1 - suffix] == b[b.size() - 1 - suffix]) {
+        suffix++;
+    }
+}
+
+// the request's own spec prefill switch and tool guard, read leniently (server_spec_prefill_params_from_json reports
+// a bad value)
+static bool spec_prefill_protects(const common_params_spec_prefill & spp, const json & body) {
+    bool enabled = spp.enabled;
+    auto guard   = spp.server.tool_guard;
+    if (body.contains("specprefill") && body.at("specprefill").is_boolean()) {
+        enabled = body.at("specprefill").get<bool>();
+    }
+    if (body.contains("spec_prefill")) {
+        const json & obj = body.at("spec_prefill");
+        if (obj.is_boolean()) {
+            enabled = obj.get<bool>();
+        } else if (obj.is_object()) {
+            if (obj.contains("enabled") && obj.at("enabled").is_boolean()) {
+                enabled = obj.at("enabled").get<bool>();
+            }
+            if (obj.contains("tool_guard") && obj.at("tool_guard").is_string()) {
+                common_spec_prefill_tool_guard_parse(obj.at("tool_guard").get<std::string>(), guard);
+            }
+        }
+    }
+    return spp.enabled && enabled && guard == COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT;
+}
+
+void server_spec_prefill_chat_spans(const common_params_spec_prefill & spp, const common_chat_templates * tmpls,
+        const common_chat_templates_inputs & inputs, const std::string & prompt, const json & body, json & llama_params) {
+    if (inputs.tools.empty() || inputs.messages.empty() || !spec_prefill_protects(spp, body)) {
+        return;
+    }
+    const int64_t t_start = ggml_time_us();
+    int32_t n_renders = 0;
+    auto render = [&](const common_chat_templates_inputs & in, std::string & out) {
+        n_renders++;
+        try {
+            out = common_chat_templates_apply(tmpls, in).prompt;
+            return true;
+        } catch (const std::exception & e) {
+            SPP_DBG("the chat template cannot render a marked copy of the request: %s\n", e.what());
+            return false;
+        }
+    };
+    const auto & msgs = inputs.messages;
+
+    // where message i's text lies in the prompt: the template renders it again with that text marked at both ends
+    // (a control character no text starts or ends with), and only the marked part differs
+    std::map<size_t, std::pair<size_t, size_t>> text_of;
+    auto find_text = [&](size_t i, std::pair<size_t, size_t> & out) {
+        if (auto it = text_of.find(i); it != text_of.end()) {
+            out = it->second;
+            return true;
+        }
+        static const std::string mark = "\x01";
+        common_chat_templates_inputs in = inputs;
+        common_chat_msg & msg = in.messages[i];
+        auto text_part = [](const common_chat_msg_content_part & part) { return part.type == "text"; };
+        const auto first = std::find_if(msg.content_parts.begin(), msg.content_parts.end(), text_part);
+        if (!msg.content.empty()) {
+            msg.content = mark + msg.content + mark;
+        } else if (first != msg.content_parts.end()) {
+            first->text = mark + first->text;
+            std::find_if(msg.content_parts.rbegin(), msg.content_parts.rend(), text_part)->text += mark;
+        } else if (!msg.tool_calls.empty()) {
+            msg.tool_calls.front().name = mark + msg.tool_calls.front().name;
+            msg.tool_calls.back().name += mark;
+        } else {
+            msg.content = mark;
+        }
+        std::string marked;
+        if (!render(in, marked)) {
+            return false;
+        }
+        size_t prefix = 0;
+        size_t suffix = 0;
+        spec_prefill_common_ends(prompt, marked, prefix, suffix);
+        if (prefix == prompt.size() && prefix == marked.size()) {
+            return false; // the template does not render this message
+        }
+        out = text_of[i] = { prefix, prompt.size() - suffix };
+        return true;
+    };
+    // message i whole: from the end of the previous message's text to the start of the next one's (its role's
+    // header, its text, its closer, and the next one's header)
+    auto find_message = [&](size_t i, std::pair<size_t, size_t> & out) {
+        std::pair<size_t, size_t> prev = { 0, 0 };
+        std::pair<size_t, size_t> next = { prompt.size(), prompt.size() };
+        if ((i > 0 && !find_text(i - 1, prev)) || (i + 1 < msgs.size() && !find_text(i + 1, next))) {
+            return false;
+        }
+        out = { prev.second, next.first };
+        return out.first < out.second;
+    };
+
+    json spans = json::array();
+    auto add = [&](const char * role, std::pair<size_t, size_t> span) {
+        spans.push_back({ {"role", role}, {"begin", span.first}, {"end", span.second} });
+    };
+    // the tool definitions: where the prompt differs from the same request rendered without tools
+    {
+        common_chat_templates_inputs in = inputs;
+        in.tools.clear();
+        in.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+        std::string bare;
+        if (render(in, bare) && bare != prompt) {
+            size_t prefix = 0;
+            size_t suffix = 0;
+            spec_prefill_common_ends(prompt, bare, prefix, suffix);
+            add("tools", { prefix, prompt.size() - suffix });
+        }
+    }
+    // the leading system messages, up to the first other message's text
+    size_t n_system = 0;
+    while (n_system < msgs.size() && msgs[n_system].role == "system") {
+        n_system++;
+    }
+    std::pair<size_t, size_t> span;
+    if (n_system > 0) {
+        if (n_system == msgs.size()) {
+            add("system", { 0, prompt.size() });
+        } else if (find_text(n_system, span)) {
+            add("system", { 0, span.first });
+        }
+    }
+    auto last_of = [&](const auto & pred) {
+        for (size_t i = msgs.size(); i-- > 0; ) {
+            if (pred(msgs[i])) {
+                return (int64_t) i;
+            }
+        }
+        return (int64_t) -1;
+    };
+    const int64_t i_user = last_of([](const common_chat_msg & m) { return m.role == "user"; });
+    const int64_t i_call = last_of([](const common_chat_msg & m) { return m.role == "assistant" && !m.tool_calls.empty(); });
+    if (i_user >= 0 && find_message(i_user, span)) {
+        add("user", span);
+    }
+    if (i_call >= 0 && find_message(i_call, span)) {
+        add("tool_call", span);
+    }
+    SPP_DBG("the chat's structure: %zu span(s) from %d renders in %.1f ms\n", spans.size(), n_renders,
+            (ggml_time_us() - t_start) / 1000.0);
+    llama_params["spec_prefill_spans"] = std::move(spans);
+}
+
+//
 // timings and metrics
 //
+
+static json spec_prefill_protect_json(const std::vector<std::pair<std::string, common_spec_prefill_span>> & spans) {
+    json out = json::array();
+    for (const auto & [role, span] : spans) {
+        out.push_back({ {"role", role}, {"begin", span.begin}, {"end", span.end} });
+    }
+    return out;
+}
 
 json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
     const bool scored = status == SERVER_SPEC_PREFILL_ACTIVE;
@@ -255,6 +512,10 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
             ranges.push_back(json::array({ r.first, r.second }));
         }
         j["kept"] = std::move(ranges);
+    }
+    if (!protect.empty()) {
+        j["protected"]   = spec_prefill_protect_json(protect);
+        j["n_protected"] = n_protected;
     }
     if (!reason.empty()) {
         j["reason"] = reason;
@@ -504,7 +765,7 @@ json server_spec_prefill_props(const common_params & params) {
         {"window",      spp.window},
         {"reuse",       spp.server.reuse_exact ? "exact" : "sparse"},
         {"break_even",  spp.server.break_even},
-        {"tool_guard",  spp.server.tool_guard},
+        {"tool_guard",  common_spec_prefill_tool_guard_name(spp.server.tool_guard)},
         {"queue_max",   spp.server.queue_max},
         {"window_min",  spp.server.window_min},
     };
@@ -615,8 +876,11 @@ static double spec_prefill_score_cost(const server_spec_prefill * sp, bool measu
 }
 
 static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
-        const server_spec_prefill_params & params, int32_t n_past, int32_t n_new) {
-    const double f_kept = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
+        const server_spec_prefill_params & params, int32_t n_past, int32_t n_new, int32_t n_protected) {
+    // the protected tokens are kept, the fraction (or mass) applies to the others
+    const double f_open = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
+    const double f_protected = n_new > 0 ? std::min(1.0, (double) n_protected / n_new) : 0.0;
+    const double f_kept = f_protected + (1.0 - f_protected) * f_open;
     spec_prefill_estimate e;
     e.measured = sp->r_target > 0.0 && sp->r_score > 0.0;
     e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers);
@@ -661,6 +925,69 @@ static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, i
         t_wait += left;
     }
     return t_wait;
+}
+
+// the protected spans in prompt tokens, sorted: a byte span covers the tokens whose text overlaps it (the tokens'
+// text aligned with the string prompt's start, past a BOS or a leading space the tokenizer added), a token span is
+// taken as it is; the chat's spans only where the request protects its structure
+static std::vector<std::pair<std::string, common_spec_prefill_span>> spec_prefill_protect_tokens(
+        const llama_vocab * vocab, const server_spec_prefill_params & params, const llama_tokens & prompt,
+        bool chat_spans) {
+    std::vector<std::pair<std::string, common_spec_prefill_span>> out;
+    const int32_t n = (int32_t) prompt.size();
+    std::vector<int64_t> start; // where token i's text starts in the string prompt; start[n]: the end of the last
+    for (const auto & span : params.protect) {
+        if (span.role != "client" && !chat_spans) {
+            continue;
+        }
+        int32_t b = std::clamp(span.begin, 0, n);
+        int32_t e = std::clamp(span.end,   0, n);
+        if (!span.in_tokens) {
+            if (start.empty()) {
+                start.reserve(n + 1);
+                std::string text;
+                int64_t off = 0;
+                for (int32_t i = 0; i < n; ++i) {
+                    start.push_back(off);
+                    const std::string piece = common_token_to_piece(vocab, prompt[i], true);
+                    off += (int64_t) piece.size();
+                    if (text.size() < params.prompt_head.size() + 256) {
+                        text += piece;
+                    }
+                }
+                start.push_back(off);
+                const size_t shift = params.prompt_head.empty() ? 0 : text.find(params.prompt_head);
+                if (shift != std::string::npos && shift > 0) {
+                    for (auto & x : start) {
+                        x -= (int64_t) shift;
+                    }
+                }
+            }
+            // the first token ending after span.begin, to the last one starting before span.end
+            b = (int32_t) (std::upper_bound(start.begin() + 1, start.end(), (int64_t) span.begin) - (start.begin() + 1));
+            e = (int32_t) (std::lower_bound(start.begin(), start.end() - 1, (int64_t) span.end) - start.begin());
+        }
+        if (b < e) {
+            out.push_back({ span.role, { b, e } });
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const auto & x, const auto & y) { return x.second.begin < y.second.begin; });
+    return out;
+}
+
+// tokens at or after n_past in at least one of the spans
+static int32_t spec_prefill_n_protected(const std::vector<std::pair<std::string, common_spec_prefill_span>> & spans,
+        int32_t n_past) {
+    int32_t n = 0;
+    int32_t covered = n_past; // spans are sorted by begin: count what each adds past the ones before
+    for (const auto & [role, span] : spans) {
+        const int32_t b = std::max(span.begin, covered);
+        if (span.end > b) {
+            n += span.end - b;
+            covered = span.end;
+        }
+    }
+    return n;
 }
 
 void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spec_prefill_params & params,
@@ -711,10 +1038,17 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     if (!compatible) {
         return decide(SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, "media in the prompt, or not a completion");
     }
-    if (params.has_tools && sp->params.server.tool_guard) {
-        return decide(SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD, "the request has tools (--no-spec-prefill-tool-guard "
-                "scores such requests too)");
+    if (params.has_tools && params.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP) {
+        return decide(SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD, "the request has tools (--spec-prefill-tool-guard skip, "
+                "spec_prefill.tool_guard; protect keeps the chat's structure whole and scores the rest)");
     }
+    const bool chat_spans = params.has_tools && params.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT;
+    if (!params.protect.empty()) {
+        timings.protect = spec_prefill_protect_tokens(llama_model_get_vocab(common_spec_prefill_model(sp->core)),
+                params, prompt, chat_spans);
+        timings.n_protected = spec_prefill_n_protected(timings.protect, n_past);
+    }
+    slot.protect = timings.protect;
     if (n_new < std::max(1, params.min_tokens)) {
         if (slot.past_sparse) {
             return decide(SERVER_SPEC_PREFILL_REUSED);
@@ -723,7 +1057,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
                 "of %d", n_new, params.min_tokens));
     }
     if (params.break_even > 0.0f || sp->params.server.queue_max >= 0) {
-        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new);
+        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected);
         int32_t n_waiting = 0;
         bool busy = false;
         const double t_wait = spec_prefill_queue_cost(sp, e.measured, n_waiting, busy);
@@ -757,6 +1091,9 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     job->req.n_layers   = params.layers;
     job->req.n_past     = n_past;
     job->req.cancel     = &job->cancel;
+    for (const auto & [role, span] : timings.protect) {
+        job->req.protect.push_back(span);
+    }
     job->t_submit_us    = ggml_time_us();
 
     timings.status = SERVER_SPEC_PREFILL_ACTIVE; // until the scores say otherwise
@@ -890,6 +1227,9 @@ json server_spec_prefill_slot::to_json() const {
     };
     if (sparse) {
         j["n_kept"] = (int32_t) kept.size();
+    }
+    if (!protect.empty()) {
+        j["protected"] = spec_prefill_protect_json(protect);
     }
     return j;
 }

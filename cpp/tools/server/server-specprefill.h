@@ -27,6 +27,18 @@
 
 using json = common_json;
 
+struct common_chat_templates;
+struct common_chat_templates_inputs;
+
+// a span of the prompt kept whole, as a request names it: in bytes of the prompt's text (the chat template's
+// rendering, or a client's string prompt) or, for a client's token prompt, in tokens
+struct server_spec_prefill_protect {
+    std::string role;  // "system", "tools", "user", "tool_call" (the chat's structure) or "client" (spec_prefill.keep)
+    int32_t begin = 0;
+    int32_t end   = 0; // one past the last
+    bool in_tokens = false;
+};
+
 // what a request asks for: the "spec_prefill" object of /completion, /v1/completions and /v1/chat/completions, or
 // the flat "specprefill" / "specprefill_keep_pct" fields vllm-mlx clients send; defaults are the server's flags
 struct server_spec_prefill_params {
@@ -42,11 +54,26 @@ struct server_spec_prefill_params {
     bool has_tools   = false; // the request carries tools or a tool-call grammar
     bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
 
+    enum common_spec_prefill_tool_guard tool_guard = COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP;
+
+    // kept whole whatever they score: the chat's structure (with tools and tool_guard protect) and spec_prefill.keep
+    std::vector<server_spec_prefill_protect> protect;
+    std::string prompt_head; // the string prompt's first bytes, to align byte spans with the tokens' text
+
     json to_json() const;
 };
 
 // throws std::invalid_argument naming the field ("spec_prefill.p: ...") for a bad value
 server_spec_prefill_params server_spec_prefill_params_from_json(const common_params & params_base, const json & data);
+
+// The chat endpoint, once the template has rendered `prompt` from `inputs`: where the spans that
+// --spec-prefill-tool-guard protect keeps whole lie in it (the system message and the tool definitions, the last user
+// message, the latest tool call), found by rendering the messages again with one of them marked, or without the
+// tools, and comparing. Written to llama_params for server_spec_prefill_params_from_json; nothing when spec prefill
+// is off, the request has no tools, or its tool guard is not protect. Never throws: a span the template cannot
+// render is left out.
+void server_spec_prefill_chat_spans(const common_params_spec_prefill & spp, const common_chat_templates * tmpls,
+        const common_chat_templates_inputs & inputs, const std::string & prompt, const json & body, json & llama_params);
 
 enum server_spec_prefill_status {
     SERVER_SPEC_PREFILL_NONE,                 // not configured on this server: nothing is reported
@@ -55,7 +82,7 @@ enum server_spec_prefill_status {
     SERVER_SPEC_PREFILL_KEPT_ALL,             // scored, and the selection kept every token
     SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS,   // fewer new tokens than min_tokens
     SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN,   // the estimated saving is below --spec-prefill-break-even
-    SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD,   // a request with tools (--no-spec-prefill-tool-guard allows them)
+    SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD,   // a request with tools under --spec-prefill-tool-guard skip
     SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, // a prompt or task it cannot handle (media, embeddings)
     SERVER_SPEC_PREFILL_SKIPPED_QUEUE,        // the draft is busy: --spec-prefill-queue-max requests already wait, or
                                               // the expected wait would eat the expected saving (`reason` says which)
@@ -91,6 +118,10 @@ struct server_spec_prefill_timings {
     // with return_kept: the prompt positions the target prefilled, as half-open [begin, end) ranges
     bool return_kept = false;
     std::vector<std::pair<int32_t, int32_t>> kept;
+
+    // the spans kept whole, in prompt tokens, with their roles (reported where there are any)
+    std::vector<std::pair<std::string, common_spec_prefill_span>> protect;
+    int32_t n_protected = 0; // new prompt tokens in them
 
     bool is_set() const { return status != SERVER_SPEC_PREFILL_NONE; }
 
@@ -128,6 +159,7 @@ struct server_spec_prefill_slot {
     std::vector<llama_pos> held; // the KV's positions when the request started, until it is decided
     std::vector<int32_t> kept;   // sorted positions >= n_past to prefill
     size_t i_kept = 0;
+    std::vector<std::pair<std::string, common_spec_prefill_span>> protect; // the last request's protected spans
 
     // what the target's KV held for the slot's sequence when its last request was released
     int32_t kv_n_pos     = 0;
