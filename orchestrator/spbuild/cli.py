@@ -185,7 +185,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     progress, start = _progress("eval", evaluate.describe_row)
     with progress:
         files = evaluate.evaluate(args, bin_dir, start)
-    summary = reports.eval_markdown(json.loads((args.out / "results.json").read_text())["rows"])
+    if files[0].name == "tools.json":
+        summary = (args.out / "tools.md").read_text()
+    else:
+        summary = reports.eval_markdown(json.loads((args.out / "results.json").read_text())["rows"])
     console.print(summary.split("\n\n## ", 2)[0], markup=False)
     _written(files, started)
     return 0

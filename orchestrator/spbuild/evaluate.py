@@ -47,6 +47,7 @@ SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 # what scores the prompt: the prefill draft, or the target's own first layers (-mpd self), one server each
 SCORERS = ("draft", "self")
 SELF = "self"  # -mpd's name for the target's own weights
+TOOLS_KIND = "tools"  # the tools eval (spbuild.tool_eval): runs alone, through the server's chat endpoint
 
 
 @dataclass(frozen=True)
@@ -416,7 +417,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: the pair's, or the --target)")
     parser.add_argument("--kinds", default=",".join(tasks.KINDS),
                         help=f"task kinds, comma-separated: generated ({', '.join(tasks.KINDS)}) or drawn from the "
-                             f"llama.cpp tree's sources ({', '.join(tasks.SOURCE_KINDS)}), or 'all'")
+                             f"llama.cpp tree's sources ({', '.join(tasks.SOURCE_KINDS)}), or 'all'; or '{TOOLS_KIND}' "
+                             "alone: an agent's tool calls over the tree's files, through /v1/chat/completions")
+    parser.add_argument("--tool-guards", default="protect,off",
+                        help="the tools kind's guards, comma-separated: protect (the chat's structure kept whole) "
+                             "and off (all of it scored); skip is the full prefill itself")
+    parser.add_argument("--turns", default="1,3",
+                        help="the tools kind's requests per case, comma-separated (3: three on one slot)")
     parser.add_argument("--source-tree", type=Path,
                         help="the llama.cpp tree the source kinds are drawn from (default: the fetched one)")
     parser.add_argument("--fillers", default=",".join(tasks.FILLERS), help="fillers, taken in turn")
@@ -474,8 +481,11 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
         raise SpbuildError("--chat renders the cases with the server's chat template", hint="use --via server")
     if args.via == "server":
         refuse_own_address(args.server_args.split())  # before the models are fetched, not when the server starts
+    kinds = list(tasks.ALL_KINDS) if args.kinds.strip() == "all" else \
+        _names(args.kinds, (*tasks.ALL_KINDS, TOOLS_KIND), "task kind")
+    if TOOLS_KIND in kinds:
+        return _evaluate_tools(args, bin_dir, kinds, progress)
     target, draft = models_of(args)
-    kinds = list(tasks.ALL_KINDS) if args.kinds.strip() == "all" else _names(args.kinds, tasks.ALL_KINDS, "task kind")
     source_tree = args.source_tree or (default_source_tree() if set(kinds) & set(tasks.SOURCE_KINDS) else None)
     fillers = _names(args.fillers, tasks.FILLERS, "filler")
     lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
@@ -536,6 +546,32 @@ def evaluate(args: argparse.Namespace, bin_dir: Path,
     return reports.write_complete(out_dir, "eval", meta, rows, plots=not args.no_plots)
 
 
+def _evaluate_tools(args: argparse.Namespace, bin_dir: Path, kinds: Sequence[str],
+                    progress: Callable[[int], Callable[[dict], None]] | None) -> list[Path]:
+    from spbuild import tool_eval  # here, not at the top: tool_eval imports this module
+
+    if len(kinds) > 1:
+        raise SpbuildError(f"the {TOOLS_KIND} kind runs alone (its cases are chats with tools, not prompts)",
+                           hint=f"run `spbuild eval --kinds {TOOLS_KIND}` and the other kinds separately")
+    if args.via != "server" or args.chat:
+        raise SpbuildError(f"the {TOOLS_KIND} kind runs through the server's chat endpoint",
+                           hint="drop --via tool and --chat")
+    refuse_own_address(args.server_args.split())
+    guards = _names(args.tool_guards, tool_eval.TOOL_GUARDS, "tool guard")
+    turns = numbers(args.turns, int)
+    if not turns or any(t < 1 for t in turns):
+        raise SpbuildError(f"--turns takes request counts of 1 or more, got {args.turns!r}")
+    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
+                             with_layers(variants(args.vary), args.layers), scorers(args.scorers))
+    if len({s.scorer for s in settings}) > 1:
+        raise SpbuildError(f"the {TOOLS_KIND} kind takes one scorer per run", hint="pass --scorers draft or self")
+    target, draft = models_of(args)
+    scored_by = Path(SELF) if settings[0].scorer == SELF else draft
+    return tool_eval.evaluate(bin_dir, target, scored_by, args.source_tree or default_source_tree(), args.out,
+                              numbers(args.lengths, int), numbers(args.depths, float), args.seeds, turns, settings,
+                              guards, args.server_args.split(), progress=progress)
+
+
 def models_of(args: argparse.Namespace) -> tuple[Path, Path]:
     """The target and draft: --target (and --draft, else the target itself), or the --pair's, fetched if needed."""
     if args.target:
@@ -574,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def describe_row(row: dict) -> str:
+    if "turn" in row:  # a row of the tools kind
+        from spbuild import tool_eval
+
+        return tool_eval.describe_row(row)
     if row["status"] == "failed":
         return f"{row['case']} {row['setting']}: failed: {row['error'][-120:]}"
     kept = "kept" if row["evidence_retained"] else "evidence lost"

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.build
 STATUSES = {"disabled", "active", "kept_all", "skipped_min_tokens", "skipped_break_even", "skipped_tool_guard",
             "skipped_incompatible", "skipped_queue", "error_fallback", "reused"}
 FIELDS = ["enabled", "p", "select", "mass", "min_tokens", "window", "lookahead", "break_even", "max_keep",
-          "chunk_size", "chunk_lines", "complete_lines", "question_lines", "keep_first", "keep_last", "return_kept"]
+          "chunk_size", "chunk_lines", "complete_lines", "question_lines", "keep_first", "keep_last", "return_kept",
+          "tool_guard", "keep"]
 N_CTX_SLOT = 4096
 N_VOCAB = 128256  # llama-bpe
 
@@ -40,7 +41,8 @@ valid_values = {
     "lookahead": st.integers(1, 8), "break_even": st.floats(0, 100), "max_keep": st.integers(0, 5000),
     "chunk_size": st.integers(0, 256), "chunk_lines": st.booleans(), "complete_lines": st.booleans(),
     "question_lines": st.integers(0, 10), "keep_first": st.integers(0, 600), "keep_last": st.integers(0, 600),
-    "return_kept": st.booleans(),
+    "return_kept": st.booleans(), "tool_guard": st.sampled_from(["skip", "protect", "off"]),
+    "keep": st.lists(st.just([0, 1]), max_size=2),  # every prompt here has a first character and a first token
 }
 valid_objects = st.fixed_dictionaries({}, optional=valid_values)
 

@@ -8,7 +8,9 @@ that they are kept, not the calls the model makes (the real pair does that, in t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,52 @@ def test_a_bad_tool_guard_flag_fails_at_startup(build, bpe_models):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "--spec-prefill-tool-guard must be skip, protect or off, got 'sometimes'" in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tools_eval(build, bpe_models, source_tree, qwen_template, workspace, tmp_path_factory) -> tuple[dict, str]:
+    """`spbuild eval --kinds tools` on the tiny pair: one and three turns, both guards, whole-prompt scoring."""
+    out = tmp_path_factory.mktemp("tools-eval")
+    build.binary("llama-server")
+    proc = subprocess.run(
+        [sys.executable, "-m", "spbuild", "eval", "--build-dir", str(build.record.build_dir), "--kinds", "tools",
+         "--target", str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--source-tree", str(source_tree),
+         "--lengths", "3072", "--depths", "0.5", "--p", "0.2", "--window", "0", "--turns", "1,3",
+         "--tool-guards", "protect,off", "--server-args", f"--device none --chat-template-file {qwen_template}",
+         "--out", str(out)],
+        capture_output=True, text=True, env={**os.environ, "SPBUILD_WORKDIR": str(workspace.root)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "tools.json").read_text()), (out / "tools.md").read_text()
+
+
+@pytest.mark.slow  # 19 s: 16 server rows on the tiny pair
+def test_the_tools_eval_grades_every_turn_under_every_guard(tools_eval):
+    document, table = tools_eval
+    rows = document["rows"]
+    assert document["complete"] is True
+    # two intents, one case of one turn and one of three, two guards
+    assert len(rows) == 2 * (1 + 3) * 2, [(r["case"], r["turn"], r["setting"]) for r in rows]
+    assert all(r["status"] == "active" for r in rows), [(r["case"], r.get("reason"), r.get("error")) for r in rows]
+    for r in rows:
+        assert r["turn"] < r["turns"] or abs(r["n_prompt"] - 3072) / 3072 < 0.1, r["n_prompt"]  # sized by its count
+        assert r["ttft_ms"] > 0 and r["full_ttft_ms"] > 0 and r["evidence_retained"] is not None
+        assert r["expected"]["name"] in ("record_constant", "open_file")
+        if r["setting"].endswith("protect"):
+            assert {p["role"] for p in r["protected"]} == {"tools", "system", "user", "tool_call"}, r["protected"]
+            assert 0 < r["n_protected"] <= r["n_kept"]
+        else:
+            assert r["protected"] == [] and r["n_protected"] == 0
+        if r["turn"] > 1:  # a follow-up on the slot prefills only what is new
+            assert r["n_reused"] > 0.3 * r["n_prompt"] and r["n_prefilled"] < r["n_prompt"] - r["n_reused"] + 8, r
+    # whether a call changed, the full prefill's call, the spec call's and its validity are all there to read
+    assert {"equal", "full_call", "spec_call", "spec_valid", "full_valid", "spec_right"} <= set(rows[0])
+    assert "| p=0.2 full protect | 3 |" in table and "| p=0.2 full off | 1 |" in table
+    [summary] = [s for s in document["summary"] if s["setting"] == "p=0.2 full protect" and s["turns"] == 3]
+    assert [p["turn"] for p in summary["per_turn"]] == [1, 2, 3]
+
+
+def test_the_tools_kind_runs_alone(build, workspace, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spbuild", "eval", "--build-dir", str(build.record.build_dir),
+                           "--kinds", "tools,needle", "--target", "x.gguf", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env={**os.environ, "SPBUILD_WORKDIR": str(workspace.root)})
+    assert proc.returncode != 0 and "runs alone" in proc.stderr, proc.stderr
