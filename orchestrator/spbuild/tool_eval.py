@@ -49,6 +49,7 @@ class Call:
     arguments: dict | None  # None: not JSON
     text: str
     error: str  # why the call is invalid ("" when valid)
+    in_text: bool = False  # written as a bare JSON object in the content, not in the template's call syntax
 
     @property
     def valid(self) -> bool:
@@ -58,25 +59,45 @@ class Call:
         return json.dumps([self.name, self.arguments], sort_keys=True) if self.name else "text:" + self.text.strip()
 
 
+def _call_in_text(text: str) -> dict | None:
+    """A {"name": ..., "arguments": ...} object written in the content: small instruct models (Qwen2.5-Coder 0.5B
+    and 1.5B) often drop their template's <tool_call> tags, and agent clients read such an object as the call."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict) and "name" in value and "arguments" in value:
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
 def parse_call(message: dict) -> Call:
     """The first call of a chat completion's message, checked against its tool's schema."""
     calls = message.get("tool_calls") or []
     text = message.get("content") or ""
-    if not calls:
+    in_text = False
+    if calls:
+        function = calls[0].get("function", {})
+    elif (function := _call_in_text(text)) is not None:
+        in_text = True
+    else:
         return Call(None, None, text, "no tool call")
-    function = calls[0].get("function", {})
     name, raw = function.get("name"), function.get("arguments", "")
     try:
         arguments = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as err:
-        return Call(name, None, text, f"arguments are not JSON: {err}")
+        return Call(name, None, text, f"arguments are not JSON: {err}", in_text)
     if name not in _SCHEMAS:
-        return Call(name, arguments, text, f"unknown tool {name!r}")
+        return Call(name, arguments, text, f"unknown tool {name!r}", in_text)
     try:
         jsonschema.validate(arguments, _SCHEMAS[name])
     except jsonschema.ValidationError as err:
-        return Call(name, arguments, text, f"arguments do not match the schema: {err.message}")
-    return Call(name, arguments, text, "")
+        return Call(name, arguments, text, f"arguments do not match the schema: {err.message}", in_text)
+    return Call(name, arguments, text, "", in_text)
 
 
 def is_right(call: Call, turn: tool_tasks.Turn) -> bool:
@@ -165,8 +186,10 @@ def row_of(case: tool_tasks.ToolCase, n_tokens: int, t: int, name: str, pieces: 
     spans = [tasks.token_span(pieces, text) for text in turn.evidence]
     retained = None if kept is None else all(i in kept for s in spans for i in s)
     return {**row, "status": sp.get("status", "full"), "reason": sp.get("reason", ""),
-            "full_call": {"name": full_call.name, "arguments": full_call.arguments, "text": full_call.text[:200]},
-            "spec_call": {"name": spec_call.name, "arguments": spec_call.arguments, "text": spec_call.text[:200]},
+            "full_call": {"name": full_call.name, "arguments": full_call.arguments, "text": full_call.text[:200],
+                          "in_text": full_call.in_text},
+            "spec_call": {"name": spec_call.name, "arguments": spec_call.arguments, "text": spec_call.text[:200],
+                          "in_text": spec_call.in_text},
             "full_valid": full_call.valid, "spec_valid": spec_call.valid, "spec_error": spec_call.error,
             "equal": full_call.key() == spec_call.key(),
             "full_right": is_right(full_call, turn), "spec_right": is_right(spec_call, turn),
@@ -229,7 +252,8 @@ def summary(rows: list[dict]) -> list[dict]:
                         "full_valid": _share(mine, "full_valid"),
                         "new_invalid": sum(1 for r in mine if r["full_valid"] and not r["spec_valid"]),
                         "spec_right": _share(mine, "spec_right"), "full_right": _share(mine, "full_right"),
-                        "evidence_retained": _share(mine, "evidence_retained"), "per_turn": per_turn})
+                        "evidence_retained": _share(mine, "evidence_retained"),
+                        "full_in_text": sum(1 for r in mine if r["full_call"]["in_text"]), "per_turn": per_turn})
     return out
 
 
@@ -238,14 +262,14 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     if not meta.get("complete"):
         lines += [f"**Partial: {len(rows)} rows so far (the run is going on, or was cut short).**", ""]
     lines += ["| setting | turns | calls | equal to full | valid (full) | new invalid | right (full) | evidence kept "
-              "| TTFT per turn, full -> spec ms (x) |", "|---|---|---|---|---|---|---|---|---|"]
+              "| full calls in text | TTFT per turn, full -> spec ms (x) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary(rows):
         ttft = "; ".join(f"{p['full_ttft_ms']:.0f} -> {p['ttft_ms']:.0f} ({p['speedup']:.2f}x)"
                          if p["speedup"] else "-" for p in s["per_turn"])
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
         lines.append(f"| {s['setting']} | {s['turns']} | {s['calls']}{failed} | {s['equal']} | {s['spec_valid']} "
                      f"({s['full_valid']}) | {s['new_invalid']} | {s['spec_right']} ({s['full_right']}) | "
-                     f"{s['evidence_retained']} | {ttft} |")
+                     f"{s['evidence_retained']} | {s['full_in_text']} | {ttft} |")
     changed = [r for r in rows if r["status"] != "failed" and not r["equal"]]
     if changed:
         lines += ["", "## Calls that changed", "", "| case | turn | setting | full | spec | evidence kept | protected |",
@@ -275,6 +299,7 @@ def evaluate(bin_dir: Path, target: Path, draft: Path, tree: Path, out_dir: Path
     tool_settings = [ToolSetting(s, g) for s in settings for g in guards]
     started = time.monotonic()
     n_ctx = int(max(lengths) * 1.15) + 512
+    out_dir.mkdir(parents=True, exist_ok=True)
     backend = ServerBackend(bin_dir, target, draft, n_ctx, [*server_args, "--jinja"], out_dir / "server-tools.log")
     rows: list[dict] = []
     meta = {"target": str(target), "draft": str(draft), "settings": [s.name for s in tool_settings],
@@ -284,7 +309,6 @@ def evaluate(bin_dir: Path, target: Path, draft: Path, tree: Path, out_dir: Path
                                   f"{', '.join(map(str, lengths))} x depths {', '.join(map(str, depths))} x {seeds} "
                                   f"seed(s), turns {', '.join(map(str, turns))}",
                          "command": " ".join(backend.command())}}
-    out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(t for t in turns) * len(lengths) * len(depths) * seeds * len(intents) * len(tool_settings)
     shown = progress(total) if progress else None
 

@@ -208,7 +208,7 @@ def test_a_bad_tool_guard_flag_fails_at_startup(build, bpe_models):
 @pytest.fixture(scope="module")
 def tools_eval(build, bpe_models, source_tree, qwen_template, workspace, tmp_path_factory) -> tuple[dict, str]:
     """`spbuild eval --kinds tools` on the tiny pair: one and three turns, both guards, whole-prompt scoring."""
-    out = tmp_path_factory.mktemp("tools-eval")
+    out = tmp_path_factory.mktemp("tools-eval") / "made-by-the-eval"
     build.binary("llama-server")
     proc = subprocess.run(
         [sys.executable, "-m", "spbuild", "eval", "--build-dir", str(build.record.build_dir), "--kinds", "tools",

@@ -110,8 +110,27 @@ def test_the_summary_counts_new_invalid_calls_and_ttft_per_turn():
         return {"setting": "p=0.3 full protect", "turns": 2, "turn": turn, "status": "active", "equal": equal,
                 "full_valid": full_valid, "spec_valid": spec_valid, "full_right": full_valid, "spec_right": spec_valid,
                 "evidence_retained": True, "full_ttft_ms": 100.0 * turn, "ttft_ms": 50.0,
-                "case": "c", "full_call": {}, "spec_call": {}, "protected": []}
+                "case": "c", "full_call": {"in_text": turn == 1}, "spec_call": {}, "protected": []}
     rows = [row(1, True, True, True), row(2, False, True, False), row(1, False, False, False), row(2, True, True, True)]
     [s] = tool_eval.summary(rows)
-    assert (s["calls"], s["equal"], s["new_invalid"], s["spec_valid"]) == (4, "2/4", 1, "2/4")
+    assert (s["calls"], s["equal"], s["new_invalid"], s["spec_valid"]) == (4, "2/4", 1, "2/4") and s["full_in_text"] == 2
     assert [p["speedup"] for p in s["per_turn"]] == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("content", [
+    '{"name": "record_constant", "arguments": {"name": "X_LIMIT", "value": 4096}}',
+    'The call:\n```json\n{"name": "record_constant", "arguments": {"name": "X_LIMIT", "value": 4096}}\n```',
+    '<tool_call>\n{"name": "record_constant", "arguments": {"name": "X_LIMIT", "value": 4096}}\n</tool_call>',
+])
+def test_a_call_written_in_the_content_is_read_as_the_call_and_marked(content):
+    call = tool_eval.parse_call(_message(None, content=content))
+    assert call.valid and call.in_text and (call.name, call.arguments) == ("record_constant",
+                                                                          {"name": "X_LIMIT", "value": 4096})
+    parsed = tool_eval.parse_call(_message("record_constant", '{"name": "X_LIMIT", "value": 4096}'))
+    assert call.key() == parsed.key() and not parsed.in_text
+
+
+def test_text_without_a_call_object_is_no_call():
+    for content in ("I will read the file first.", '{"path": "src/a.cpp"}', '{"name": "x", "arguments": '):
+        call = tool_eval.parse_call(_message(None, content=content))
+        assert call.name is None and not call.valid and call.error == "no tool call"
