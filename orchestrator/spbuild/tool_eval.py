@@ -248,7 +248,10 @@ def summary(rows: list[dict]) -> list[dict]:
             out.append({"setting": name, "turns": n_turns, "calls": len(mine),
                         "failed": sum(1 for r in rows if r["setting"] == name and r["turns"] == n_turns
                                       and r["status"] == "failed"),
-                        "equal": _share(mine, "equal"), "spec_valid": _share(mine, "spec_valid"),
+                        "equal": _share(mine, "equal"),
+                        # the aim's share: of the calls the full prefill made, those spec prefill made the same
+                        "equal_calls": _share([r for r in mine if r["full_valid"]], "equal"),
+                        "spec_valid": _share(mine, "spec_valid"),
                         "full_valid": _share(mine, "full_valid"),
                         "new_invalid": sum(1 for r in mine if r["full_valid"] and not r["spec_valid"]),
                         "spec_right": _share(mine, "spec_right"), "full_right": _share(mine, "full_right"),
@@ -261,13 +264,13 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = ["# spbuild eval: tool calls", "", *(f"- {k}: `{v}`" for k, v in meta["describe"].items()), ""]
     if not meta.get("complete"):
         lines += [f"**Partial: {len(rows)} rows so far (the run is going on, or was cut short).**", ""]
-    lines += ["| setting | turns | calls | equal to full | valid (full) | new invalid | right (full) | evidence kept "
-              "| full calls in text | TTFT per turn, full -> spec ms (x) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| setting | turns | requests | equal to full | of the full's calls, equal | valid (full) | new invalid | right (full) | evidence kept "
+              "| full calls in text | TTFT per turn, full -> spec ms (x) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary(rows):
         ttft = "; ".join(f"{p['full_ttft_ms']:.0f} -> {p['ttft_ms']:.0f} ({p['speedup']:.2f}x)"
                          if p["speedup"] else "-" for p in s["per_turn"])
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
-        lines.append(f"| {s['setting']} | {s['turns']} | {s['calls']}{failed} | {s['equal']} | {s['spec_valid']} "
+        lines.append(f"| {s['setting']} | {s['turns']} | {s['calls']}{failed} | {s['equal']} | {s['equal_calls']} | {s['spec_valid']} "
                      f"({s['full_valid']}) | {s['new_invalid']} | {s['spec_right']} ({s['full_right']}) | "
                      f"{s['evidence_retained']} | {s['full_in_text']} | {ttft} |")
     changed = [r for r in rows if r["status"] != "failed" and not r["equal"]]

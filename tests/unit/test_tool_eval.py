@@ -114,6 +114,7 @@ def test_the_summary_counts_new_invalid_calls_and_ttft_per_turn():
     rows = [row(1, True, True, True), row(2, False, True, False), row(1, False, False, False), row(2, True, True, True)]
     [s] = tool_eval.summary(rows)
     assert (s["calls"], s["equal"], s["new_invalid"], s["spec_valid"]) == (4, "2/4", 1, "2/4") and s["full_in_text"] == 2
+    assert s["equal_calls"] == "2/3"  # the aim counts only the calls the full prefill made
     assert [p["speedup"] for p in s["per_turn"]] == [2.0, 4.0]
 
 
