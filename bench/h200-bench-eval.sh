@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `spbuild bench` and `spbuild eval` on the H200 device, which has no spbuild workspace and no network: the modules
-# run as `python3 -m spbuild.bench measure` and `python3 -m spbuild.evaluate` with the build's bin/ folder (they need
+# run as `python3 -m spbuild.bench measure` and `python3 -m spbuild.eval_cli` with the build's bin/ folder (they need
 # only NumPy, requests and the tree's gguf-py; plots are drawn afterwards here with `spbuild report DIR`).
 # Carried in .carry/: tree.tar.xz (git archive of the spbuild branch, as bench/h200-vulkan.sh says),
 # ggml-vocab-llama-bpe.gguf; for `gemma`, one part of Gemma 3 270M per call, cut with dd into .carry/gN/gemma.partNN
@@ -19,7 +19,7 @@
 #                                                       # once; splits and verifies both once all are there
 #   bash bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
 #                                                       # MODELS=pair the Qwen2.5-Coder pair; ARGS go to
-#                                                       # spbuild.evaluate (--seeds 3); EXTRA_SERVER_ARGS to the server
+#                                                       # spbuild.eval_cli (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
 W=/tmp/spbench-eval
 source bench/h200-common.sh
@@ -75,7 +75,7 @@ eval)
     else
         models=(--target "$W/gemma.gguf")
     fi
-    python3 -m spbuild.evaluate --bin "$W/build/bin" "${models[@]}" --source-tree "$W/src" --lengths "$2" \
+    python3 -m spbuild.eval_cli --bin "$W/build/bin" "${models[@]}" --source-tree "$W/src" --lengths "$2" \
         --depths 0.1,0.5,0.9 --p 0.1,0.2,0.3 --window 0,2048,4096 --no-plots \
         --server-args "-ngl 99 -nglpd 99 -fa on ${EXTRA_SERVER_ARGS:-}" --out "$OUT/$3" "${@:4}" \
         > "$OUT/$3.log" 2>&1 || { tail -20 "$OUT/$3.log"; exit 1; }

@@ -16,7 +16,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spbuild import (__version__, bench, bisect, cmake, doctor, evaluate, health, install, patches, rebase, reports,
+from spbuild import (__version__, bench, bisect, cmake, doctor, eval_cli, health, install, patches, rebase, reports,
                      sources, suite, vulkan_toolchain)
 from spbuild.build import BuildRecord, BuildRequest, all_builds, build, find_build
 from spbuild.console import console, info, phase, warn
@@ -182,9 +182,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     bin_dir, build_name = _bin_dir(args, workspace)
     info(f"eval through {args.via} with the {build_name}; logs in {args.out}")
     started = time.monotonic()
-    progress, start = _progress("eval", evaluate.describe_row)
+    progress, start = _progress("eval", eval_cli.describe_row)
     with progress:
-        files = evaluate.evaluate(args, bin_dir, start)
+        files = eval_cli.evaluate(args, bin_dir, start)
     if files[0].name == "tools.json":
         summary = (args.out / "tools.md").read_text()
     else:
@@ -436,7 +436,7 @@ def parser() -> argparse.ArgumentParser:
     evl = sub.add_parser("eval", parents=[common], help="answer quality: evidence retention and answers against the "
                          "full prefill's, on generated long-context tasks; JSON, Markdown, plots")
     _add_build_choice(evl)
-    evaluate.add_arguments(evl)
+    eval_cli.add_arguments(evl)
     evl.set_defaults(run=cmd_eval)
 
     rep = sub.add_parser("report", parents=[common], help="the tables and plots of a bench or eval run again, from "

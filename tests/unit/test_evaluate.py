@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spbuild import evaluate, reports, tasks
+from spbuild import eval_cli, evaluate, reports, tasks
 from spbuild.errors import SpbuildError
 from spbuild.evaluate import Answer, Setting
 from spbuild.server import ServerProcess, refuse_own_address
@@ -242,7 +242,7 @@ def test_layer_counts_and_scorers_are_settings_of_one_run():
 @pytest.mark.parametrize("server_args", ["--port 8080", "-ngl 99 --host 0.0.0.0", "--port=9"])
 def test_an_address_in_the_server_args_is_refused_before_anything_runs(tmp_path, capsys, server_args):
     # the harness starts the server on a port of its own: with the user's --port last, it polled its own for 600 s
-    code = evaluate.main(["--bin", str(tmp_path), "--via", "server", f"--server-args={server_args}",
+    code = eval_cli.main(["--bin", str(tmp_path), "--via", "server", f"--server-args={server_args}",
                           "--out", str(tmp_path / "out")])
     assert code == 1
     err = capsys.readouterr().err

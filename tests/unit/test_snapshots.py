@@ -15,6 +15,7 @@ from spbuild import bisect, patches, rebase, snapshots, sources
 from spbuild.errors import SourceError, VerificationError
 from spbuild.pin import Pin, parse_pin, pin_text
 from spbuild.project import Workspace
+from spbuild.sdist import sha256_of
 
 
 def make_bin_sdist(tree: Path, where: Path, build: int) -> Path:
@@ -100,7 +101,7 @@ def test_a_snapshot_with_other_files_is_refused(h, upstream, checkout, tmp_path,
     other = make_bin_sdist(checkout, tmp_path / "other", 12)
     with pytest.raises(VerificationError, match="sha256"):
         sources.fetch(pin, workspace, sources.SourceSpec.parse(str(other)))
-    forged = replace(pin, pypi=replace(pin.pypi, sha256=sources.sha256_of(other)))
+    forged = replace(pin, pypi=replace(pin.pypi, sha256=sha256_of(other)))
     with pytest.raises(VerificationError, match="holds tree"):
         sources.fetch(forged, Workspace(tmp_path / "ws2"), sources.SourceSpec.parse(str(other)))
     edited = replace(pin, date="2026-10-07")  # hand-edited metadata: the files match, the commit does not
@@ -130,7 +131,7 @@ def test_rebase_onto_a_snapshot_file_and_move_the_pin(h, upstream, checkout, tmp
     state = rebase.in_progress(workspace)
     target = parse_pin(state.target)
     assert target.is_snapshot and target.build == 12 and target.parent == upstream.c1
-    assert target.pypi.sha256 == sources.sha256_of(sdist)
+    assert target.pypi.sha256 == sha256_of(sdist)
     assert patches.read_series(project)  # the project itself did not change
 
 
@@ -176,7 +177,7 @@ class FakeIndex:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def add(self, sdist: Path, sha256: str | None = None) -> None:
-        self.files[sdist.name] = (sha256 or sources.sha256_of(sdist), sdist)
+        self.files[sdist.name] = (sha256 or sha256_of(sdist), sdist)
 
     @property
     def simple(self) -> str:
@@ -203,7 +204,7 @@ def test_resolve_lists_and_downloads_through_the_index(h, upstream, checkout, tm
         snapshots.resolve("13")
     assert "11, 12, 20" in (err.value.hint or "")
     got = snapshots.download(chosen, tmp_path / "downloads")
-    assert sources.sha256_of(got) == chosen.sha256
+    assert sha256_of(got) == chosen.sha256
 
 
 def test_a_download_that_does_not_match_the_listed_sha256_is_refused(h, upstream, checkout, tmp_path, index):
