@@ -404,27 +404,45 @@ std::vector<uint8_t> common_spec_prefill_question_lines(const std::string * piec
     const int32_t n_lines = (int32_t) line_begin.size();
     line_begin.push_back(n_tokens);
 
+    // words, and identifiers joined by '_' whole as well as by their parts: in code the parts (ggml, type, mostly)
+    // are in many lines, the identifier (ggml_ftype_mostly_iq2_xxs) in the one that defines it
     auto for_each_word = [&](int32_t l, const auto & f) {
         std::string word;
+        std::string ident;
         auto end_word = [&]() {
             if (word.size() >= 4) {
                 f(word);
             }
             word.clear();
         };
+        auto end_ident = [&]() {
+            const size_t b = ident.find_first_not_of('_');
+            const size_t e = ident.find_last_not_of('_');
+            if (b != std::string::npos && ident.find('_', b) < e) {
+                f(ident.substr(b, e - b + 1));
+            }
+            ident.clear();
+        };
         for (int32_t i = line_begin[l]; i < line_begin[l + 1]; ++i) {
             for (const char ch : pieces[i]) {
                 const unsigned char c = (unsigned char) ch;
                 if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')) {
                     word += (char) c;
+                    ident += (char) c;
                 } else if (c >= 'A' && c <= 'Z') {
                     word += (char) (c - 'A' + 'a');
+                    ident += (char) (c - 'A' + 'a');
+                } else if (c == '_') {
+                    end_word();
+                    ident += '_';
                 } else {
                     end_word();
+                    end_ident();
                 }
             }
         }
         end_word();
+        end_ident();
     };
 
     // the question's words, each with the lines before the question that hold it (max_lines + 1 once too common)

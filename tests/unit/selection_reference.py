@@ -143,8 +143,9 @@ def forced_positions(n: int, chunk_size: int, keep_first: int, keep_last: int) -
 
 
 def question_line_positions(pieces: list[str], line_ends, n_question: int, max_lines: int) -> set[int]:
-    """Tokens of the lines that share a word (4+ ASCII letters or digits, or non-ASCII characters; case folded) with
-    the lines holding the last n_question tokens, where that word is in 1 to max_lines lines before them."""
+    """Tokens of the lines that share a word (4+ ASCII letters or digits, or non-ASCII characters; case folded), or an
+    identifier joined by '_' (whole, its outer underscores dropped), with the lines holding the last n_question
+    tokens, where that word is in 1 to max_lines lines before them."""
     n = len(pieces)
     if n == 0 or max_lines <= 0 or n_question <= 0:
         return set()
@@ -155,7 +156,9 @@ def question_line_positions(pieces: list[str], line_ends, n_question: int, max_l
 
     def words(r: range) -> set[bytes]:
         text = "".join(pieces[i] for i in r).encode()
-        return {w.lower() for w in re.findall(rb"[0-9A-Za-z\x80-\xff]{4,}", text)}  # bytes.lower(): ASCII only
+        found = set(re.findall(rb"[0-9A-Za-z\x80-\xff]{4,}", text))
+        found |= {i.strip(b"_") for i in re.findall(rb"[0-9A-Za-z_\x80-\xff]+", text) if b"_" in i.strip(b"_")}
+        return {w.lower() for w in found}  # bytes.lower(): ASCII only
 
     asked = set().union(*(words(r) for r in lines[q_line:]))
     holding: dict[bytes, list[int]] = {w: [] for w in asked}

@@ -303,7 +303,7 @@ def test_complete_lines_matches_reference(data, p, mode, chunk_lines):
 # token texts as a tokenizer gives them: words split into pieces, mixed case, digits, punctuation, newlines, UTF-8
 PIECES = ["The", " key", " for", " vault", " Or", "ion", " ORION", " is", " 4", "497", "8", ".", "\n", ".\n", " what",
           " What", "?", " Lyon", " lyon", "_x", "Ä", "ßen", " Straße", " café", " 2024", " 12", ":", "46", " log", "ging",
-          " ERROR", " error", " var", "_", "QXJ", " =", " ", "  ", "\t", "\n\n"]
+          " ERROR", " error", " var", "_", "QXJ", " =", " ", "  ", "\t", "\n\n", " GGML", "_TYPE", "_Q", "4", "__", "_K"]
 
 
 @st.composite
@@ -398,6 +398,19 @@ def test_question_lines_keep_the_asked_key_and_skip_common_words():
     assert four == set().union(*(range(start[k], start[k + 1]) for k in (5, 20, 30, 33)))
     with pytest.raises(ValueError, match="question lines"):
         sel.select(*args, pieces=pieces, question_lines=-1)
+
+
+def test_question_lines_match_an_identifier_whole_where_its_parts_are_common():
+    """An enum of the tools eval's kind: every line holds 'ggml', 'ftype' and 'mostly', so no part is rare enough;
+    the asked identifier, whole, is in one line before the question, and that line is kept."""
+    names = ["Q4_0", "Q4_1", "IQ2_XXS", "IQ2_XS", "Q8_0", "IQ3_S"]
+    lines = [["    GGML", "_F", "TYPE", "_MOST", "LY", f"_{n}", f" = {k}", ",\n"] for k, n in enumerate(names)]
+    question = ["Record", " the", " value", " of", " GGML", "_FTYPE", "_MOSTLY", "_IQ", "2", "_XXS", ".", "\n"]
+    pieces = [p for line in lines for p in line] + question
+    line_ends = [int(p.endswith("\n")) for p in pieces]
+    got = {i for i, f in enumerate(sel.question_lines(pieces, line_ends, len(question), 2)) if f}
+    assert got == set(range(2 * 8, 3 * 8))  # the IQ2_XXS line, not IQ2_XS's
+    assert got == ref.question_line_positions(pieces, line_ends, len(question), 2)
 
 
 def test_complete_lines_keeps_a_cut_line_whole_and_ranks_as_fixed_chunks():
