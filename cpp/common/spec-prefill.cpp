@@ -10,6 +10,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -108,6 +109,17 @@ struct common_spec_prefill {
     int32_t fixed_n_cells = 0;
     bool    reshape_off   = false; // a reshape failed once: plans keep the current shape
     int32_t n_ctx_created = 0;     // contexts made so far (a request's setup time counts only when it made one)
+
+    // the draft's KV after a round of one sequence, kept for the next prompt that starts with the same tokens (an
+    // agent's next turn on the same slot scores its new tokens without the draft prefilling the turns before them):
+    // sequence 0 holds kv_tokens at positions [0, kv_tokens.size())
+    // (kv_tokens under kv_mutex: a server's planning asks, from its own thread, how much of a prompt it holds)
+    std::mutex   kv_mutex;
+    llama_tokens kv_tokens;
+    int32_t kv_ctx_id   = -1;    // n_ctx_created when it was kept: a new context holds nothing
+    int32_t kv_n_layer  = 0;     // the graph's layers then: a deeper graph needs the layers a cut one left out
+    int32_t graph_n_layer = 0;   // the graph's layers now (llama_set_graph_n_layer; 0: all)
+    bool    kv_reuse    = true;  // off for sliding-window and recurrent scorers, or LLAMA_SPEC_PREFILL_DRAFT_REUSE=0
 
     common_spec_prefill_pool * pool = nullptr;   // threads for reading rows on the host, made once
     common_spec_prefill_graph * graph = nullptr; // made for the draft context's shape, at its first use
@@ -647,6 +659,17 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         layer_stop = strcmp(env, "1") == 0;
     }
 
+    // LLAMA_SPEC_PREFILL_DRAFT_REUSE=0: every round prefills its sequence from scratch (the reference for the reuse)
+    bool kv_reuse = true;
+    if (const char * env = getenv("LLAMA_SPEC_PREFILL_DRAFT_REUSE")) {
+        if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
+            error = string_format("LLAMA_SPEC_PREFILL_DRAFT_REUSE is '%s': use 1 (a prompt that starts with the last "
+                    "scored one reuses its draft KV) or 0 (never)", env);
+            return nullptr;
+        }
+        kv_reuse = strcmp(env, "1") == 0;
+    }
+
     auto * sp = new common_spec_prefill;
     sp->params          = spp;
     sp->layer_stop      = layer_stop;
@@ -662,6 +685,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     sp->token_known.assign(llama_vocab_n_tokens(sp->vocab), 0);
     sp->n_layer         = llama_model_n_layer(model);
     sp->n_swa           = llama_model_n_swa(model);
+    // a sliding-window cache drops what a shorter prefix would need again, a recurrent state cannot be cut back
+    sp->kv_reuse        = kv_reuse && sp->n_swa == 0 && !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
     sp->n_ctx_max       = spp.n_ctx > 0 ? spp.n_ctx : llama_model_n_ctx_train(model);
     sp->warmup          = params.warmup;
     sp->model           = model;
@@ -927,6 +952,11 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
         }
     }
     sp->ctx.reset();
+    {
+        std::lock_guard<std::mutex> lock(sp->kv_mutex);
+        sp->kv_tokens.clear();
+        sp->kv_ctx_id = -1;
+    }
     common_spec_prefill_graph_free(sp->graph); // it is shaped for the context
     sp->graph        = nullptr;
     sp->graph_failed = false;
@@ -1014,6 +1044,26 @@ int32_t common_spec_prefill_n_layer(const common_spec_prefill * sp) {
     return sp->n_layer;
 }
 
+int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_tokens & prompt,
+        const common_spec_prefill_request & req) {
+    const int32_t n_prompt = (int32_t) prompt.size();
+    const int32_t n_past   = spec_prefill_n_past(req, n_prompt);
+    // the context before the new tokens that the first window re-reads: all of it where the draft's context has room
+    // (spec_prefill_make_plan's, told from the constant cap: the context's current shape is the scoring thread's)
+    const int32_t n_room = sp->n_ctx_max - std::min(n_prompt - n_past, SPEC_PREFILL_WINDOW_PREPARED) -
+            std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) - common_spec_prefill_lookahead_max(sp->params.lookahead);
+    const int32_t n_read = std::min(n_past, std::max(0, n_room));
+    int32_t n_held = 0;
+    if (n_read == n_past) {
+        std::lock_guard<std::mutex> lock(sp->kv_mutex);
+        const int32_t n_max = std::min((int32_t) sp->kv_tokens.size(), n_past);
+        while (n_held < n_max && sp->kv_tokens[n_held] == prompt[n_held]) {
+            n_held++;
+        }
+    }
+    return n_read - n_held;
+}
+
 common_spec_prefill_request common_spec_prefill_default_request(const common_spec_prefill * sp) {
     common_spec_prefill_request req;
     req.select     = sp->params.select;
@@ -1041,8 +1091,6 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     const int32_t n_seq  = (int32_t) round.size();
     const bool tail_rows = n_layers < sp->n_layer;
 
-    llama_memory_clear(mem, false);
-
     // the rows come from the tail: as many as the shortest sequence has tokens after its first
     int32_t n_len_min = INT32_MAX;
     for (const auto * w : round) {
@@ -1053,6 +1101,27 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     }
     // tokens of each sequence the query steps decode: its last one, or its last n_look
     const int32_t n_query_own = tail_rows ? n_look : 1;
+
+    // a single sequence may start on the KV the last round kept: the tokens both begin with, up to its query tokens
+    const bool keep_kv = n_seq == 1 && sp->kv_reuse;
+    int32_t n_reuse = 0;
+    if (keep_kv && sp->kv_ctx_id == sp->n_ctx_created && sp->kv_n_layer == sp->graph_n_layer) {
+        const auto & toks = round[0]->tokens;
+        const int32_t n_max = std::min((int32_t) sp->kv_tokens.size(), (int32_t) toks.size() - n_query_own);
+        while (n_reuse < n_max && sp->kv_tokens[n_reuse] == toks[n_reuse]) {
+            n_reuse++;
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lock(sp->kv_mutex);
+        sp->kv_tokens.clear();
+        sp->kv_ctx_id = -1;
+    }
+    if (n_reuse == 0 || !llama_memory_seq_rm(mem, 0, n_reuse, -1)) {
+        n_reuse = 0;
+        llama_memory_clear(mem, false);
+    }
+    res.n_draft_reused += n_reuse;
 
     // which layers see every key of the longest sequence of this round
     int32_t n_cells_max = 0;
@@ -1109,7 +1178,8 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
         if (own_batches) {
             ok = flush();
         }
-        for (int32_t p = 0; p + n_query_own < (int32_t) toks.size() && ok; ++p) {
+        res.n_draft_prefilled += std::max(0, (int32_t) toks.size() - n_query_own - (s == 0 ? n_reuse : 0));
+        for (int32_t p = s == 0 ? n_reuse : 0; p + n_query_own < (int32_t) toks.size() && ok; ++p) {
             spec_prefill_batch_add(batch, toks[p], p, s, false);
             if (batch.n_tokens == sp->n_batch) {
                 ok = flush();
@@ -1218,7 +1288,17 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     }
     run.streams.clear();
     llama_batch_free(batch);
-    llama_memory_clear(mem, false);
+    // the query steps' first token is the sequence's last (or its last n_look are the sequence's own): positions
+    // [0, len) hold the sequence, the greedy tokens after it are dropped
+    const int32_t n_len = (int32_t) round[0]->tokens.size();
+    if (ok && keep_kv && llama_memory_seq_rm(mem, 0, n_len, -1)) {
+        std::lock_guard<std::mutex> lock(sp->kv_mutex);
+        sp->kv_tokens  = round[0]->tokens;
+        sp->kv_ctx_id  = sp->n_ctx_created;
+        sp->kv_n_layer = sp->graph_n_layer;
+    } else {
+        llama_memory_clear(mem, false);
+    }
     return ok;
 }
 
@@ -1294,6 +1374,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     // the graph of a K-layer model over the same weights (patch 0010): the layers after K are not computed
     const bool cut = n_layers < sp->n_layer && sp->graph_cut && sp->layer_stop;
     llama_set_graph_n_layer(sp->ctx.get(), cut ? n_layers : 0);
+    sp->graph_n_layer = cut ? n_layers : 0;
     res.n_layers_run = cut ? n_layers : sp->n_layer;
     spec_prefill_run run(sp, req.cancel);
 

@@ -47,6 +47,8 @@ struct common_spec_prefill_result {
     int32_t n_windows  = 0; // scored windows
     int32_t n_parallel = 0; // windows scored side by side as sequences of one batch
     int32_t n_draft_cells = 0; // KV cells of the draft context that scored it, over all its sequences
+    int32_t n_draft_reused = 0; // tokens of the draft's KV kept from the last scored prompt, which began the same way
+    int32_t n_draft_prefilled = 0; // tokens the draft prefilled (every window's, less those reused)
     int32_t n_rows     = 0; // query rows used, over all windows
     int32_t n_layers   = 0; // draft layers whose rows were used
     int32_t n_layers_run = 0; // draft layers computed: the request's first n_layers, or all of them
@@ -127,6 +129,12 @@ int32_t common_spec_prefill_n_layers(const struct common_spec_prefill * sp);
 int32_t common_spec_prefill_n_layer(const struct common_spec_prefill * sp);
 
 struct common_spec_prefill_request common_spec_prefill_default_request(const struct common_spec_prefill * sp);
+
+// how many tokens before the new ones (req.n_past) the draft would prefill to score them: the context its first
+// window re-reads, less what its KV still holds of the last scored prompt. Callable from another thread than the
+// one that runs the scorer (a server's planning), while it scores
+int32_t common_spec_prefill_n_draft_past(struct common_spec_prefill * sp, const llama_tokens & prompt,
+        const struct common_spec_prefill_request & req);
 
 // Score the prompt and select the tokens to prefill. Never fails: a problem gives a full-prefill result that says why.
 struct common_spec_prefill_result common_spec_prefill_run(struct common_spec_prefill * sp, const llama_tokens & prompt,

@@ -141,6 +141,30 @@ def test_the_agent_loop_scores_only_the_new_turn_and_keeps_its_call(tools_server
     assert sp["n_prompt"] - sp["n_reused"] < 0.6 * sp["n_prompt"]
 
 
+def test_the_next_turn_reuses_the_drafts_kv_of_the_last(server_factory, bpe_models, qwen_template, tools_server):
+    """The draft keeps its KV of the last scored prompt: the next turn on the slot prefills only the draft tokens after
+    the prefix both share, and keeps nearly the same tokens as a draft that prefills the whole prompt again
+    (LLAMA_SPEC_PREFILL_DRAFT_REUSE=0; the ubatches differ, so near-ties in the scores may fall either way)."""
+    fresh = server_factory(spec_args(bpe_models, "--jinja", "--chat-template-file", qwen_template,
+                                     "--spec-prefill-tool-guard", "protect", n_parallel=1),
+                           env={"LLAMA_SPEC_PREFILL_DRAFT_REUSE": "0"})
+    turns = {}
+    for name, server in (("reuse", tools_server), ("fresh", fresh)):
+        first = spec(chat(server, agent_turns(1)))
+        assert first["status"] == "active" and first["n_draft_reused"] == 0, first
+        turns[name] = spec(chat(server, agent_turns(2)))
+        assert turns[name]["status"] == "active", turns[name]
+    reuse, fresh_sp = turns["reuse"], turns["fresh"]
+    assert fresh_sp["n_draft_reused"] == 0
+    # the draft's common prefix with its last prompt is the slot's (the target's cache also holds generated tokens)
+    assert reuse["n_draft_reused"] >= 0.9 * reuse["n_reused"] > 1000, reuse
+    a, b = kept_positions(reuse), kept_positions(fresh_sp)
+    assert len(a & b) >= 0.95 * len(a | b), (len(a), len(b), len(a & b))
+    # a prompt that begins otherwise (another conversation) prefills the draft from the start
+    other = [{"role": "system", "content": "Another agent."}, *agent_turns(1)[1:]]
+    assert spec(chat(tools_server, other, cache=False))["n_draft_reused"] < 16
+
+
 def test_the_tool_guard_per_request_and_by_flag(server_factory, bpe_models, qwen_template, tools_server):
     messages = agent_turns(1)
     assert spec(chat(tools_server, messages, tool_guard="skip"))["status"] == "skipped_tool_guard"

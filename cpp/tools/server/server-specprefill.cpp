@@ -505,6 +505,7 @@ json server_spec_prefill_timings::to_json(double t_prompt_ms) const {
         {"n_parallel",        n_parallel},
         {"n_rows",            n_rows},
         {"n_layers",          n_layers},
+        {"n_draft_reused",    n_draft_reused},
     };
     if (return_kept) {
         json ranges = json::array();
@@ -614,7 +615,7 @@ struct server_spec_prefill {
 
     // throughputs the server measured itself, in tokens per ms (0: not yet known); loop thread only
     double r_target = 0.0; // the target's prefill
-    double r_score  = 0.0; // scoring, per new prompt token
+    double r_score  = 0.0; // scoring, per token the draft prefills
 
     // until both are measured, the estimate comes from the models' shapes (spec_prefill_prefill_cost)
     spec_prefill_model_cost cost_target;
@@ -863,27 +864,30 @@ static double spec_prefill_depth(const server_spec_prefill * sp, int32_t layers)
 // scoring n_new tokens after n_past with the first `layers` layers (the same unit as spec_prefill_estimate_of's); the
 // measured throughput is that of all layers, the cost of fewer their share of it
 static double spec_prefill_score_cost(const server_spec_prefill * sp, bool measured, int32_t n_past, int32_t n_new,
-        int32_t window, int32_t lookahead, int32_t layers) {
+        int32_t window, int32_t lookahead, int32_t layers, int32_t n_reread = 0) {
+    // n_reread: tokens before the new ones the draft prefills again (its KV holds no more of them)
     const double depth = spec_prefill_depth(sp, layers);
     if (measured) {
-        return depth * n_new / sp->r_score;
+        return depth * (n_new + n_reread) / sp->r_score;
     }
     // the draft attends within its window
     const double n_draft_past = window > 0 ? std::min<double>(n_past, std::max(0, window - n_new)) : n_past;
     const double n_draft_new  = window > 0 ? std::min<double>(n_new, window) : n_new;
     return depth * ((double) n_new / n_draft_new * sp->cost_draft.prefill(n_draft_new, n_draft_past) +
-            sp->cost_draft.prefill(lookahead, n_past + n_new));
+            sp->cost_draft.prefill(n_reread, 0) + sp->cost_draft.prefill(lookahead, n_past + n_new));
 }
 
 static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
-        const server_spec_prefill_params & params, int32_t n_past, int32_t n_new, int32_t n_protected) {
+        const server_spec_prefill_params & params, int32_t n_past, int32_t n_new, int32_t n_protected,
+        int32_t n_reread) {
     // the protected tokens are kept, the fraction (or mass) applies to the others
     const double f_open = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
     const double f_protected = n_new > 0 ? std::min(1.0, (double) n_protected / n_new) : 0.0;
     const double f_kept = f_protected + (1.0 - f_protected) * f_open;
     spec_prefill_estimate e;
     e.measured = sp->r_target > 0.0 && sp->r_score > 0.0;
-    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers);
+    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers,
+            n_reread);
     if (e.measured) {
         e.source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
                 sp->r_score * 1e3);
@@ -1057,7 +1061,12 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
                 "of %d", n_new, params.min_tokens));
     }
     if (params.break_even > 0.0f || sp->params.server.queue_max >= 0) {
-        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected);
+        common_spec_prefill_request req = common_spec_prefill_default_request(sp->core);
+        req.n_past = n_past;
+        req.select = params.select;
+        const int32_t n_reread = common_spec_prefill_n_draft_past(sp->core, prompt, req);
+        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected,
+                n_reread);
         int32_t n_waiting = 0;
         bool busy = false;
         const double t_wait = spec_prefill_queue_cost(sp, e.measured, n_waiting, busy);
@@ -1126,6 +1135,7 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     timings.n_parallel = res.n_parallel;
     timings.n_rows     = res.n_rows;
     timings.n_layers   = res.n_layers_run;
+    timings.n_draft_reused = res.n_draft_reused;
     timings.device    = slot.sp->devices;
 
     timings.score_draft_prefill_ms = res.t_draft_prefill_ms;
@@ -1175,7 +1185,9 @@ bool server_spec_prefill_ready(server_spec_prefill_slot & slot, server_spec_pref
     metrics.add(timings, scored ? n_new : 0, slot.sparse ? n_new - (int32_t) slot.kept.size() : 0);
     if (scored && timings.score_ms > 0.0 && res.n_layers_run > 0) {
         // as if all layers had scored (spec_prefill_score_cost)
-        const double r = n_new / timings.score_ms * res.n_layers_run / common_spec_prefill_n_layer(slot.sp->core);
+        // per token the draft prefilled: a follow-up whose context the draft re-read costs more than its new tokens
+        const double r = std::max(1, res.n_draft_prefilled) / timings.score_ms * res.n_layers_run /
+                common_spec_prefill_n_layer(slot.sp->core);
         slot.sp->r_score = slot.sp->r_score > 0.0 ? 0.5*slot.sp->r_score + 0.5*r : r;
     }
     return true;

@@ -106,6 +106,7 @@ struct server_spec_prefill_timings {
     int32_t n_parallel = 0; // of them, scored side by side as sequences of one batch
     int32_t n_rows     = 0; // query rows used, over all windows: lookahead each, fewer where the draft ended early
     int32_t n_layers   = 0; // scorer layers computed
+    int32_t n_draft_reused = 0; // prompt tokens whose draft KV the last scored prompt left (the same slot's last turn)
 
     double queue_ms = 0.0; // waiting for the scorer (other requests' scoring)
     double score_ms = 0.0; // the draft's prefill, query steps and selection

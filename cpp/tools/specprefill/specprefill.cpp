@@ -322,6 +322,7 @@ static int run(int argc, char ** argv) {
         }
         j["n_parallel"]     = res.n_parallel;
         j["draft_cells"]    = res.n_draft_cells;
+        j["draft_reused"]   = res.n_draft_reused;
         j["n_rows"]         = res.n_rows;
         j["n_layers"]       = res.n_layers;
         j["n_layers_run"]   = res.n_layers_run;
