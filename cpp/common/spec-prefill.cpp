@@ -132,6 +132,9 @@ struct common_spec_prefill {
 struct spec_prefill_run {
     common_spec_prefill * sp = nullptr;
     const std::atomic<bool> * cancel = nullptr; // the request's cancel flag
+    // the prompt continues a reused prefix (n_past > 0): only then may the draft start on the KV the last prompt left,
+    // so a prompt scored again from scratch (a retry, a benchmark's repeat) is scored from scratch in the draft too
+    bool continuation = false;
 
     std::vector<char> layer_usable; // per layer: its rows are read in this round
     std::vector<char> layer_seen;   // per layer: its rows were read in some round
@@ -1105,7 +1108,7 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     // a single sequence may start on the KV the last round kept: the tokens both begin with, up to its query tokens
     const bool keep_kv = n_seq == 1 && sp->kv_reuse;
     int32_t n_reuse = 0;
-    if (keep_kv && sp->kv_ctx_id == sp->n_ctx_created && sp->kv_n_layer == sp->graph_n_layer) {
+    if (keep_kv && run.continuation && sp->kv_ctx_id == sp->n_ctx_created && sp->kv_n_layer == sp->graph_n_layer) {
         const auto & toks = round[0]->tokens;
         const int32_t n_max = std::min((int32_t) sp->kv_tokens.size(), (int32_t) toks.size() - n_query_own);
         while (n_reuse < n_max && sp->kv_tokens[n_reuse] == toks[n_reuse]) {
@@ -1377,6 +1380,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     sp->graph_n_layer = cut ? n_layers : 0;
     res.n_layers_run = cut ? n_layers : sp->n_layer;
     spec_prefill_run run(sp, req.cancel);
+    run.continuation = res.n_past > 0;
 
     std::string error;
     for (size_t w0 = 0; w0 < plan.windows.size(); w0 += plan.n_seq) {
