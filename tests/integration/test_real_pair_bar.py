@@ -8,12 +8,11 @@ right must stay right, and every evidence line must be kept."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 
-from spbuild import evaluate, real_models, reports, tasks, tool_eval
+from spbuild import evaluate, real_models, reports, tasks
 from spbuild.errors import SpbuildError
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
@@ -57,31 +56,3 @@ def test_right_answers_stay_right_and_the_evidence_is_kept(pair_rows):
     assert summary["correct_kept"]["n"] >= 3, "the full prefill answers too few cases right to measure what is lost"
     assert summary["correct_kept"]["k"] == summary["correct_kept"]["n"], changed
     assert summary["retention"]["k"] == summary["retention"]["n"], [r["case"] for r in rows if not r["evidence_retained"]]
-
-
-TOOLS_LENGTH = 1536  # the one-turn case's system message, schemas and request take about 1,060 tokens of it
-
-
-@pytest.fixture(scope="module")
-def pair_tool_rows(build, source_tree, tmp_path_factory) -> list[dict]:
-    """One agent case on the real pair (a constant's value to find in the tool results, then record), full prefill
-    against --spec-prefill-tool-guard protect at the default p."""
-    try:
-        target = real_models.fetch(real_models.QWEN_CODER_TARGET)
-        draft = real_models.fetch(real_models.QWEN_CODER_DRAFT)
-    except SpbuildError as err:
-        pytest.skip(f"the Qwen2.5-Coder pair could not be fetched: {err}")
-    out = tmp_path_factory.mktemp("real-pair-tools")
-    tool_eval.evaluate(build.binary("llama-server").parent, target, draft, source_tree, out, [TOOLS_LENGTH], [0.5], 1,
-                       [1], [evaluate.Setting("keep", 0.3, 0)], ["protect"], ["--device", "none", "--no-warmup"],
-                       intents=("value",))
-    return json.loads((out / "tools.json").read_text())["rows"]
-
-
-def test_protect_gives_the_full_prefills_tool_call(pair_tool_rows):
-    [row] = pair_tool_rows
-    assert row["status"] == "active", (row.get("reason"), row.get("error"))
-    assert row["full_valid"] and row["full_right"], row["full_call"]  # the case is one the target gets right
-    assert {p["role"] for p in row["protected"]} >= {"system", "tools", "user"}, row["protected"]
-    assert row["n_protected"] < row["n_kept"] < row["n_prompt"], row  # the structure kept, the tool results scored
-    assert row["equal"] and row["spec_valid"], (row["full_call"], row["spec_call"], row["spec_error"])
