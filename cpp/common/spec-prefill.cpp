@@ -116,7 +116,6 @@ struct common_spec_prefill {
     // (kv_tokens under kv_mutex: a server's planning asks, from its own thread, how much of a prompt it holds)
     std::mutex   kv_mutex;
     llama_tokens kv_tokens;
-    int32_t kv_ctx_id   = -1;    // n_ctx_created when it was kept: a new context holds nothing
     int32_t kv_n_layer  = 0;     // the graph's layers then: a deeper graph needs the layers a cut one left out
     int32_t graph_n_layer = 0;   // the graph's layers now (llama_set_graph_n_layer; 0: all)
     bool    kv_reuse    = true;  // off for sliding-window and recurrent scorers, or LLAMA_SPEC_PREFILL_DRAFT_REUSE=0
@@ -566,6 +565,21 @@ std::string common_spec_prefill_devices(const common_spec_prefill * sp) {
     return out.empty() ? "CPU" : out;
 }
 
+// a 0/1 environment switch: unset keeps value; anything else is an error naming both meanings
+static bool spec_prefill_env_switch(const char * name, const char * on, const char * off, bool & value,
+        std::string & error) {
+    const char * env = getenv(name);
+    if (!env) {
+        return true;
+    }
+    if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
+        error = string_format("%s is '%s': use 1 (%s) or 0 (%s)", name, env, on, off);
+        return false;
+    }
+    value = strcmp(env, "1") == 0;
+    return true;
+}
+
 common_spec_prefill * common_spec_prefill_init(const common_params & params, const llama_model * model_tgt,
         llama_model * model_spec_draft, std::string & error) {
     const auto & spp = params.spec_prefill;
@@ -653,24 +667,16 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
     // LLAMA_SPEC_PREFILL_LAYER_STOP=0: scoring with fewer layers still computes the whole graph (the tests' reference
     // for the graph built with fewer layers)
     bool layer_stop = true;
-    if (const char * env = getenv("LLAMA_SPEC_PREFILL_LAYER_STOP")) {
-        if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
-            error = string_format("LLAMA_SPEC_PREFILL_LAYER_STOP is '%s': use 1 (build the graph with only the layers "
-                    "that score) or 0 (compute all of them)", env);
-            return nullptr;
-        }
-        layer_stop = strcmp(env, "1") == 0;
+    if (!spec_prefill_env_switch("LLAMA_SPEC_PREFILL_LAYER_STOP", "build the graph with only the layers that score",
+                "compute all of them", layer_stop, error)) {
+        return nullptr;
     }
 
     // LLAMA_SPEC_PREFILL_DRAFT_REUSE=0: every round prefills its sequence from scratch (the reference for the reuse)
     bool kv_reuse = true;
-    if (const char * env = getenv("LLAMA_SPEC_PREFILL_DRAFT_REUSE")) {
-        if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
-            error = string_format("LLAMA_SPEC_PREFILL_DRAFT_REUSE is '%s': use 1 (a prompt that starts with the last "
-                    "scored one reuses its draft KV) or 0 (never)", env);
-            return nullptr;
-        }
-        kv_reuse = strcmp(env, "1") == 0;
+    if (!spec_prefill_env_switch("LLAMA_SPEC_PREFILL_DRAFT_REUSE", "a prompt that starts with the last scored one "
+                "reuses its draft KV", "never", kv_reuse, error)) {
+        return nullptr;
     }
 
     auto * sp = new common_spec_prefill;
@@ -956,9 +962,8 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     }
     sp->ctx.reset();
     {
-        std::lock_guard<std::mutex> lock(sp->kv_mutex);
+        std::lock_guard<std::mutex> lock(sp->kv_mutex); // a new context holds nothing
         sp->kv_tokens.clear();
-        sp->kv_ctx_id = -1;
     }
     common_spec_prefill_graph_free(sp->graph); // it is shaped for the context
     sp->graph        = nullptr;
@@ -1047,6 +1052,16 @@ int32_t common_spec_prefill_n_layer(const common_spec_prefill * sp) {
     return sp->n_layer;
 }
 
+// how many tokens a and b begin with alike, at most n_max
+static int32_t spec_prefill_common_prefix(const llama_tokens & a, const llama_tokens & b, int32_t n_max) {
+    const int32_t n = std::min({ (int32_t) a.size(), (int32_t) b.size(), n_max });
+    int32_t i = 0;
+    while (i < n && a[i] == b[i]) {
+        i++;
+    }
+    return i;
+}
+
 int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_tokens & prompt,
         const common_spec_prefill_request & req) {
     const int32_t n_prompt = (int32_t) prompt.size();
@@ -1059,10 +1074,7 @@ int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_t
     int32_t n_held = 0;
     if (n_read == n_past) {
         std::lock_guard<std::mutex> lock(sp->kv_mutex);
-        const int32_t n_max = std::min((int32_t) sp->kv_tokens.size(), n_past);
-        while (n_held < n_max && sp->kv_tokens[n_held] == prompt[n_held]) {
-            n_held++;
-        }
+        n_held = spec_prefill_common_prefix(sp->kv_tokens, prompt, n_past);
     }
     return n_read - n_held;
 }
@@ -1108,17 +1120,13 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     // a single sequence may start on the KV the last round kept: the tokens both begin with, up to its query tokens
     const bool keep_kv = n_seq == 1 && sp->kv_reuse;
     int32_t n_reuse = 0;
-    if (keep_kv && run.continuation && sp->kv_ctx_id == sp->n_ctx_created && sp->kv_n_layer == sp->graph_n_layer) {
-        const auto & toks = round[0]->tokens;
-        const int32_t n_max = std::min((int32_t) sp->kv_tokens.size(), (int32_t) toks.size() - n_query_own);
-        while (n_reuse < n_max && sp->kv_tokens[n_reuse] == toks[n_reuse]) {
-            n_reuse++;
-        }
+    if (keep_kv && run.continuation && sp->kv_n_layer == sp->graph_n_layer) {
+        n_reuse = spec_prefill_common_prefix(sp->kv_tokens, round[0]->tokens,
+                (int32_t) round[0]->tokens.size() - n_query_own);
     }
     {
         std::lock_guard<std::mutex> lock(sp->kv_mutex);
         sp->kv_tokens.clear();
-        sp->kv_ctx_id = -1;
     }
     if (n_reuse == 0 || !llama_memory_seq_rm(mem, 0, n_reuse, -1)) {
         n_reuse = 0;
@@ -1297,7 +1305,6 @@ static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<s
     if (ok && keep_kv && llama_memory_seq_rm(mem, 0, n_len, -1)) {
         std::lock_guard<std::mutex> lock(sp->kv_mutex);
         sp->kv_tokens  = round[0]->tokens;
-        sp->kv_ctx_id  = sp->n_ctx_created;
         sp->kv_n_layer = sp->graph_n_layer;
     } else {
         llama_memory_clear(mem, false);
