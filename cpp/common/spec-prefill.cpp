@@ -100,6 +100,7 @@ struct common_spec_prefill {
     int32_t n_ctx_max   = 0; // the most KV cells the draft context may have
     int32_t ctx_n_seq   = 0; // shape of the current context
     int32_t ctx_n_cells = 0; // cells per sequence
+    int32_t ctx_n_layer = 0; // the layers whose KV it holds (llama_init_from_model_n_layer; 0: all)
 
     // common_spec_prefill_prepare's context: its cells are the draft's whole KV from then on (never more), and its
     // sequence length the longest one may be. Within those cells the context is reshaped for a request whose windows
@@ -896,11 +897,17 @@ static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, 
     return plan;
 }
 
+// the layers a graph scoring with the first n_layers is built with (0: all): fewer only where the architecture builds
+// fewer (the probe saw it) and LLAMA_SPEC_PREFILL_LAYER_STOP is not 0
+static int32_t spec_prefill_graph_layers(const common_spec_prefill * sp, int32_t n_layers) {
+    return n_layers < sp->n_layer && sp->graph_cut && sp->layer_stop ? n_layers : 0;
+}
+
 // run both kinds of graph once (a prefill ubatch, and a query step that also outputs attention weights), so that
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
     llama_context * ctx = sp->ctx.get();
-    llama_set_graph_n_layer(ctx, 0); // the whole graph, whatever the last request scored with
+    llama_set_graph_n_layer(ctx, sp->ctx_n_layer); // the whole graph, whatever the last request scored with
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
     const int32_t n_prefill = std::min(sp->n_ubatch, sp->ctx_n_cells - 1);
 
@@ -938,10 +945,16 @@ static void spec_prefill_warmup(common_spec_prefill * sp) {
 
 // (re)create the draft context when the plan needs more sequences or cells than the current one has; a prepared
 // context keeps its cells: it is only reshaped into n_seq sequences that share them (plans are made to fit them)
-static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int32_t n_cells) {
-    if (sp->ctx && sp->ctx_n_seq >= n_seq && sp->ctx_n_cells >= n_cells && (sp->fixed_size || sp->ctx_n_seq == n_seq)) {
+// n_layer: the layers the graph is built with (0: all), whose KV the context must hold
+static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int32_t n_cells, int32_t n_layer) {
+    const bool layers_held = sp->ctx_n_layer == 0 || (n_layer > 0 && n_layer <= sp->ctx_n_layer);
+    if (sp->ctx && layers_held && sp->ctx_n_seq >= n_seq && sp->ctx_n_cells >= n_cells &&
+            (sp->fixed_size || sp->ctx_n_seq == n_seq)) {
         return true;
     }
+    // the KV of at least the layers a request scores with by default, so that one asking fewer keeps the context
+    const int32_t n_layer_default = spec_prefill_graph_layers(sp, sp->n_layers);
+    const int32_t n_layer_kv = n_layer == 0 || n_layer_default == 0 ? 0 : std::max(n_layer, n_layer_default);
     if (sp->fixed_size) {
         // each sequence gets an equal share of the cells, on llama.cpp's 256-cell grid (the prepared sequence
         // length is on it already), never longer than the prepared one
@@ -969,12 +982,13 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     sp->graph        = nullptr;
     sp->graph_failed = false;
 
-    sp->ctx.reset(llama_init_from_model(sp->model, spec_prefill_ctx_params(sp, n_seq, n_cells, sp->n_batch,
-            sp->n_ubatch)));
+    sp->ctx.reset(llama_init_from_model_n_layer(sp->model, spec_prefill_ctx_params(sp, n_seq, n_cells, sp->n_batch,
+            sp->n_ubatch), (uint32_t) n_layer_kv));
     if (!sp->ctx) {
-        sp->ctx_n_seq = sp->ctx_n_cells = 0;
+        sp->ctx_n_seq = sp->ctx_n_cells = sp->ctx_n_layer = 0;
         return false;
     }
+    sp->ctx_n_layer = n_layer_kv;
     // the query steps decode one token per sequence: only they output attention weights (beside flash attention)
     llama_set_attn_weights_max_tokens(sp->ctx.get(), (uint32_t) n_seq);
     sp->ctx_n_seq   = n_seq;
@@ -1012,7 +1026,7 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
             n_cells = (int32_t) n_cells_w;
         }
     }
-    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, n_cells)) {
+    if (!spec_prefill_ensure_ctx(sp, plan.n_seq, n_cells, spec_prefill_graph_layers(sp, sp->n_layers))) {
         LOG_ERR("%s: cannot create a draft context of %d x %d cells\n", __func__, plan.n_seq, n_cells);
         return false;
     }
@@ -1361,13 +1375,15 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     const int64_t t_setup = ggml_time_us();
     const int32_t n_created = sp->n_ctx_created;
-    bool have_ctx = spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells);
+    // the graph of a K-layer model over the same weights (patch 0010): the layers after K are not computed
+    const int32_t n_graph_layer = spec_prefill_graph_layers(sp, n_layers);
+    bool have_ctx = spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells, n_graph_layer);
     if (!have_ctx && sp->fixed_size && !sp->reshape_off) {
         // the reshape failed (memory): back to the prepared shape, for this request and the ones after it
         LOG_WRN("%s: cannot reshape the draft context into %d x %d cells; keeping %d x %d from now on\n", __func__,
                 plan.n_seq, plan.n_cells, sp->fixed_n_seq, sp->fixed_n_cells);
         sp->reshape_off = true;
-        have_ctx = spec_prefill_ensure_ctx(sp, sp->fixed_n_seq, sp->fixed_n_cells);
+        have_ctx = spec_prefill_ensure_ctx(sp, sp->fixed_n_seq, sp->fixed_n_cells, n_graph_layer);
         if (have_ctx) {
             plan = spec_prefill_make_plan(sp, prompt, req);
             res.n_parallel = plan.n_seq;
@@ -1381,11 +1397,9 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
     res.n_draft_cells = sp->ctx_n_seq * sp->ctx_n_cells;
 
     res.scores.assign(res.n_prompt, 0.0f);
-    // the graph of a K-layer model over the same weights (patch 0010): the layers after K are not computed
-    const bool cut = n_layers < sp->n_layer && sp->graph_cut && sp->layer_stop;
-    llama_set_graph_n_layer(sp->ctx.get(), cut ? n_layers : 0);
-    sp->graph_n_layer = cut ? n_layers : 0;
-    res.n_layers_run = cut ? n_layers : sp->n_layer;
+    llama_set_graph_n_layer(sp->ctx.get(), n_graph_layer);
+    sp->graph_n_layer = n_graph_layer;
+    res.n_layers_run = n_graph_layer > 0 ? n_graph_layer : sp->n_layer;
     spec_prefill_run run(sp, req.cancel);
     run.continuation = res.n_past > 0;
 

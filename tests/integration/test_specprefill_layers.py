@@ -4,6 +4,8 @@ the whole graph computed (LLAMA_SPEC_PREFILL_LAYER_STOP=0): the same layers' att
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,29 @@ def test_the_target_scores_for_itself(tool, deep_model):
     assert np.allclose(two["scores"], as_draft["scores"], rtol=1e-5, atol=0)
     assert two["kept"] == as_draft["kept"]
     assert two["run"]["text"] == as_draft["run"]["text"]
+
+
+def kv_layers(log: str) -> list[int]:
+    """The layer count of each KV cache the run made, in order (llama_kv_cache's size line at -lv 4)."""
+    return [int(m) for m in re.findall(r"llama_kv_cache: size = .*?cells, +(\d+) layers", log)]
+
+
+@pytest.mark.parametrize("draft", ["self", "file"])
+def test_the_scoring_context_holds_the_kv_of_the_layers_it_scores_with(tool, deep_model, draft):
+    """Scoring with the first 2 of 4 layers, the scoring context holds the KV of those 2 only (the target's own
+    context holds all 4): -mpd self costs no second copy of the target's whole KV. Whole-graph scoring (the
+    reference) holds all 4, and both score alike."""
+    scorer = "self" if draft == "self" else deep_model
+    cut_log: list[str] = []
+    whole_log: list[str] = []
+    cut = score(tool, deep_model, scorer, "--spec-prefill-layers", "2", "-lv", "4", log=cut_log)
+    whole = score(tool, deep_model, scorer, "--spec-prefill-layers", "2", "-lv", "4", env=WHOLE_GRAPH, log=whole_log)
+    assert cut["status"] == whole["status"] == "sparse", (cut["reason"], whole["reason"])
+    # the target's context, the probe's (every layer, to see the graph), then the scoring context
+    assert kv_layers(cut_log[0])[-1] == 2 and kv_layers(whole_log[0])[-1] == 4
+    assert kv_layers(cut_log[0])[0] == 4
+    assert np.allclose(cut["scores"], whole["scores"], rtol=1e-5, atol=0)
+    assert cut["kept"] == whole["kept"]
 
 
 def test_more_layers_than_the_scorer_has_are_refused(tool, deep_model):
