@@ -1077,7 +1077,7 @@ static int32_t spec_prefill_common_prefix(const llama_tokens & a, const llama_to
 }
 
 int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_tokens & prompt,
-        const common_spec_prefill_request & req) {
+        const common_spec_prefill_request & req, const llama_tokens * before) {
     const int32_t n_prompt = (int32_t) prompt.size();
     const int32_t n_past   = spec_prefill_n_past(req, n_prompt);
     // the context before the new tokens that the first window re-reads: all of it where the draft's context has room
@@ -1086,7 +1086,9 @@ int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_t
             std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) - common_spec_prefill_lookahead_max(sp->params.lookahead);
     const int32_t n_read = std::min(n_past, std::max(0, n_room));
     int32_t n_held = 0;
-    if (n_read == n_past) {
+    if (n_read == n_past && before) {
+        n_held = sp->kv_reuse ? spec_prefill_common_prefix(*before, prompt, n_past) : 0;
+    } else if (n_read == n_past) {
         std::lock_guard<std::mutex> lock(sp->kv_mutex);
         n_held = spec_prefill_common_prefix(sp->kv_tokens, prompt, n_past);
     }

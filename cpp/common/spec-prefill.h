@@ -131,10 +131,11 @@ int32_t common_spec_prefill_n_layer(const struct common_spec_prefill * sp);
 struct common_spec_prefill_request common_spec_prefill_default_request(const struct common_spec_prefill * sp);
 
 // how many tokens before the new ones (req.n_past) the draft would prefill to score them: the context its first
-// window re-reads, less what its KV still holds of the last scored prompt. Callable from another thread than the
-// one that runs the scorer (a server's planning), while it scores
+// window re-reads, less what its KV will hold of the prompt scored before this one (`before`, one queued ahead of
+// it; nullptr: the last scored). Callable from another thread than the one that runs the scorer (a server's
+// planning), while it scores
 int32_t common_spec_prefill_n_draft_past(struct common_spec_prefill * sp, const llama_tokens & prompt,
-        const struct common_spec_prefill_request & req);
+        const struct common_spec_prefill_request & req, const llama_tokens * before = nullptr);
 
 // Score the prompt and select the tokens to prefill. Never fails: a problem gives a full-prefill result that says why.
 struct common_spec_prefill_result common_spec_prefill_run(struct common_spec_prefill * sp, const llama_tokens & prompt,

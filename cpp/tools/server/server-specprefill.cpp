@@ -877,6 +877,11 @@ static double spec_prefill_score_cost(const server_spec_prefill * sp, bool measu
             sp->cost_draft.prefill(n_reread, 0) + sp->cost_draft.prefill(lookahead, n_past + n_new));
 }
 
+// whether both throughputs are measured (else the estimate comes from the models' shapes)
+static bool spec_prefill_measured(const server_spec_prefill * sp) {
+    return sp->r_target > 0.0 && sp->r_score > 0.0;
+}
+
 static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
         const server_spec_prefill_params & params, int32_t n_past, int32_t n_new, int32_t n_protected,
         int32_t n_reread) {
@@ -885,7 +890,7 @@ static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill 
     const double f_protected = n_new > 0 ? std::min(1.0, (double) n_protected / n_new) : 0.0;
     const double f_kept = f_protected + (1.0 - f_protected) * f_open;
     spec_prefill_estimate e;
-    e.measured = sp->r_target > 0.0 && sp->r_score > 0.0;
+    e.measured = spec_prefill_measured(sp);
     e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers,
             n_reread);
     if (e.measured) {
@@ -903,24 +908,22 @@ static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill 
     return e;
 }
 
-// the scoring queued or running ahead of a new request, in the estimate's unit, how many wait, and whether the draft
-// is busy; a running job counts what is left of it where the throughput is measured, all of it where it is not
-static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, int32_t & n_waiting, bool & busy) {
+// the scoring queued or running ahead of a new request (prompt, req), in the estimate's unit, how many wait, whether
+// the draft is busy, and what the new request's draft would re-read: each job's draft holds the KV of the one before
+// it, not of the last scored. A running job counts what is left of it where the throughput is measured, all of it
+// where it is not
+static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, const llama_tokens & prompt,
+        const common_spec_prefill_request & req, int32_t & n_reread, int32_t & n_waiting, bool & busy) {
     std::unique_lock<std::mutex> lock(sp->mutex);
+    const llama_tokens * before = nullptr; // the prompt scored before the next job (nullptr: the last scored)
     auto cost = [&](const server_spec_prefill_job & job) {
+        const int32_t n_job_reread = common_spec_prefill_n_draft_past(sp->core, job.prompt, job.req, before);
+        before = &job.prompt;
         return spec_prefill_score_cost(sp, measured, job.req.n_past, (int32_t) job.prompt.size() - job.req.n_past,
-                job.req.window, job.req.lookahead, job.req.n_layers);
+                job.req.window, job.req.lookahead, job.req.n_layers, n_job_reread);
     };
     double t_wait = 0.0;
-    n_waiting = 0;
-    for (const auto & job : sp->queue) {
-        if (!job->cancel.load()) {
-            t_wait += cost(*job);
-            n_waiting++;
-        }
-    }
     const bool running = sp->running && !sp->running->cancel.load();
-    busy = running || n_waiting > 0;
     if (running) {
         double left = cost(*sp->running);
         if (measured) {
@@ -928,6 +931,15 @@ static double spec_prefill_queue_cost(server_spec_prefill * sp, bool measured, i
         }
         t_wait += left;
     }
+    n_waiting = 0;
+    for (const auto & job : sp->queue) {
+        if (!job->cancel.load()) {
+            t_wait += cost(*job);
+            n_waiting++;
+        }
+    }
+    busy = running || n_waiting > 0;
+    n_reread = common_spec_prefill_n_draft_past(sp->core, prompt, req, before);
     return t_wait;
 }
 
@@ -1064,12 +1076,13 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
         common_spec_prefill_request req = common_spec_prefill_default_request(sp->core);
         req.n_past = n_past;
         req.select = params.select;
-        const int32_t n_reread = common_spec_prefill_n_draft_past(sp->core, prompt, req);
-        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected,
-                n_reread);
+        int32_t n_reread  = 0;
         int32_t n_waiting = 0;
         bool busy = false;
-        const double t_wait = spec_prefill_queue_cost(sp, e.measured, n_waiting, busy);
+        const double t_wait = spec_prefill_queue_cost(sp, spec_prefill_measured(sp), prompt, req, n_reread, n_waiting,
+                busy);
+        const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected,
+                n_reread);
         if (params.break_even > 0.0f && e.speedup() < params.break_even) {
             return decide(SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN, string_format("estimated speedup %.2fx, below "
                     "the break-even of %.2f (--spec-prefill-break-even, spec_prefill.break_even; %s)", e.speedup(),
