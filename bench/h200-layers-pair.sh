@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31's H200 measurements in one lease: the CUDA build (patch 0010's K-layer graphs), the TTFT of the random 8B
+# Issue 31's H200 measurements in one lease: the CUDA build (patch 0016's K-layer graphs), the TTFT of the random 8B
 # target / 1.5B draft at 32K and 128K for every scorer and layer count, then on the real Qwen2.5-Coder pair the quality
 # (spbuild eval at 8K-30K) and the cost (spbuild bench at 16K and 30K) of the 0.5B draft's whole depth and first
 # half against the 1.5B target's own first 6, 10 and 14 of 28 layers. Ordered by what a 30-minute lease must not

@@ -3,7 +3,7 @@
 //   c++ -O2 -std=c++17 probe-replan.cpp -Iinclude -Iggml/include -Isrc -Lbuild/bin -lllama -lggml -lggml-base \
 //       -Wl,-rpath,$PWD/build/bin -o build/bin/probe-replan && build/bin/probe-replan draft.gguf 32768
 // "hook only around the step" was a first fix in the driver (re-creates the scheduler twice per round), replaced by
-// the re-plan in patch 0003.
+// the re-plan in patch 0004.
 #include "llama.h"
 #include "../src/llama-ext.h"
 #include "ggml.h"

@@ -1377,7 +1377,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     const int64_t t_setup = ggml_time_us();
     const int32_t n_created = sp->n_ctx_created;
-    // the graph of a K-layer model over the same weights (patch 0010): the layers after K are not computed
+    // the graph of a K-layer model over the same weights (patch 0016): the layers after K are not computed
     const int32_t n_graph_layer = spec_prefill_graph_layers(sp, n_layers);
     bool have_ctx = spec_prefill_ensure_ctx(sp, plan.n_seq, plan.n_cells, n_graph_layer);
     if (!have_ctx && sp->fixed_size && !sp->reshape_off) {

@@ -8,11 +8,12 @@ right must stay right, and every evidence line must be kept."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
-from spbuild import evaluate, real_models, reports, tasks
+from spbuild import evaluate, real_models, reports, tasks, tool_eval
 from spbuild.errors import SpbuildError
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
@@ -56,3 +57,38 @@ def test_right_answers_stay_right_and_the_evidence_is_kept(pair_rows):
     assert summary["correct_kept"]["n"] >= 3, "the full prefill answers too few cases right to measure what is lost"
     assert summary["correct_kept"]["k"] == summary["correct_kept"]["n"], changed
     assert summary["retention"]["k"] == summary["retention"]["n"], [r["case"] for r in rows if not r["evidence_retained"]]
+
+
+TOOLS_LENGTH = 2560  # of it, the system message, the 8 schemas and the request take about 1,060 tokens
+TOOLS_DEPTHS = [0.1, 0.5, 0.9]  # where the constant's line lies in the tool results
+
+
+@pytest.fixture(scope="module")
+def pair_tool_rows(build, source_tree, tmp_path_factory) -> list[dict]:
+    """Three agent cases on the real pair (a constant's value to find in the tool results, then record, its line at
+    the start, middle and end of them), full prefill against --spec-prefill-tool-guard protect at p=0.3."""
+    try:
+        target = real_models.fetch(real_models.QWEN_CODER_TARGET)
+        draft = real_models.fetch(real_models.QWEN_CODER_DRAFT)
+    except SpbuildError as err:
+        pytest.skip(f"the Qwen2.5-Coder pair could not be fetched: {err}")
+    out = tmp_path_factory.mktemp("real-pair-tools")
+    tool_eval.evaluate(build.binary("llama-server").parent, target, draft, source_tree, out, [TOOLS_LENGTH],
+                       TOOLS_DEPTHS, 1, [1], [evaluate.Setting("keep", 0.3, 0)], ["protect"],
+                       ["--device", "none", "--no-warmup"], intents=("value",))
+    return json.loads((out / "tools.json").read_text())["rows"]
+
+
+def test_protect_gives_the_full_prefills_tool_calls(pair_tool_rows):
+    """The structure kept whole and the tool results scored, the calls the full prefill makes are made unchanged,
+    and no call turns invalid."""
+    assert len(pair_tool_rows) == len(TOOLS_DEPTHS)
+    for row in pair_tool_rows:
+        assert row["status"] == "active", (row["case"], row.get("reason"), row.get("error"))
+        assert {p["role"] for p in row["protected"]} >= {"system", "tools", "user"}, row["protected"]
+        assert row["n_protected"] < row["n_kept"] < row["n_prompt"], row
+    valid = [row for row in pair_tool_rows if row["full_valid"]]
+    assert len(valid) >= 2, "the full prefill makes too few valid calls on these cases to compare with"
+    changed = [(row["case"], row["full_call"], row["spec_call"], row["spec_error"]) for row in valid
+               if not (row["equal"] and row["spec_valid"])]
+    assert not changed, changed
