@@ -907,7 +907,7 @@ static int32_t spec_prefill_graph_layers(const common_spec_prefill * sp, int32_t
 // first-use costs (kernel loading, pipeline compiles) do not land on the first prompt
 static void spec_prefill_warmup(common_spec_prefill * sp) {
     llama_context * ctx = sp->ctx.get();
-    llama_set_graph_n_layer(ctx, sp->ctx_n_layer); // the whole graph, whatever the last request scored with
+    llama_set_graph_n_layer(ctx, sp->ctx_n_layer); // every layer the context holds, whatever the last request scored with
     const llama_token tok = llama_vocab_bos(sp->vocab) >= 0 ? llama_vocab_bos(sp->vocab) : 0;
     const int32_t n_prefill = std::min(sp->n_ubatch, sp->ctx_n_cells - 1);
 

