@@ -503,10 +503,9 @@ std::vector<int32_t> common_spec_prefill_select(
             keep[i] = keep[i] || asked[i];
         }
     }
+    // protected spans are added after the selection, which runs as if there were none: the kept set is the
+    // unprotected one plus the spans, so a protected prompt never keeps less of its open part than an unprotected one
     auto is_protected = [&](int32_t i) { return protect && protect[i]; };
-    for (int32_t i = 0; i < n_tokens; ++i) {
-        keep[i] = keep[i] || is_protected(i);
-    }
 
     auto score_at = [&](int32_t i) {
         const float s = scores[i];
@@ -515,21 +514,17 @@ std::vector<int32_t> common_spec_prefill_select(
 
     std::vector<double> chunk_sum(n_chunks, 0.0);
     std::vector<int32_t> candidates;
-    int32_t n_protected_chunks = 0; // wholly protected: the fraction `keep` applies to the other chunks
     for (int32_t c = 0; c < n_chunks; ++c) {
         const int32_t i0 = bounds[c];
         const int32_t i1 = bounds[c + 1];
-        bool all_forced    = true;
-        bool all_protected = true;
+        bool all_forced = true;
         for (int32_t i = i0; i < i1; ++i) {
             chunk_sum[c] += score_at(i);
-            all_forced    = all_forced && keep[i];
-            all_protected = all_protected && is_protected(i);
+            all_forced = all_forced && keep[i];
         }
         if (!all_forced) {
             candidates.push_back(c);
         }
-        n_protected_chunks += all_protected;
     }
     auto chunk_mean = [&](int32_t c) {
         return chunk_sum[c] / (bounds[c + 1] - bounds[c]);
@@ -539,9 +534,11 @@ std::vector<int32_t> common_spec_prefill_select(
         return chunk_mean(a) > chunk_mean(b);
     });
 
+    // max_keep counts the protected tokens too: they are kept whatever the selection does
+    auto held_at = [&](int32_t i) { return keep[i] || is_protected(i); };
     int32_t n_kept = 0;
     for (int32_t i = 0; i < n_tokens; ++i) {
-        n_kept += keep[i];
+        n_kept += held_at(i);
     }
     // with max_keep, a chunk that would take the count past it is passed over (a lower one may still fit)
     auto fits = [&](int32_t c) {
@@ -550,26 +547,23 @@ std::vector<int32_t> common_spec_prefill_select(
         }
         int32_t n_new = 0;
         for (int32_t i = bounds[c]; i < bounds[c + 1]; ++i) {
-            n_new += !keep[i];
+            n_new += !held_at(i);
         }
         return n_kept + n_new <= params.max_keep;
     };
     auto take = [&](int32_t c) {
         for (int32_t i = bounds[c]; i < bounds[c + 1]; ++i) {
-            n_kept += !keep[i];
+            n_kept += !held_at(i);
             keep[i] = 1;
         }
     };
 
     if (params.mode == COMMON_SPEC_PREFILL_SELECT_MASS) {
-        // the mass of the tokens that are not protected: protected spans neither count toward it nor fill it
         double total = 0.0;
         double held  = 0.0;
         for (int32_t i = 0; i < n_tokens; ++i) {
-            if (!is_protected(i)) {
-                total += score_at(i);
-                held  += keep[i] ? score_at(i) : 0.0;
-            }
+            total += score_at(i);
+            held  += keep[i] ? score_at(i) : 0.0;
         }
         const double target = params.mass * total;
         for (int32_t c : candidates) {
@@ -587,7 +581,7 @@ std::vector<int32_t> common_spec_prefill_select(
     } else {
         // the small epsilon keeps e.g. 0.3 * 10 chunks at 3, not 4; keep is a float, off by up to keep * FLT_EPSILON / 2,
         // so the epsilon grows with the product (0.3f * 100 = 30.0000012 must give 30, not 31)
-        const double  x     = (double) params.keep * (n_chunks - n_protected_chunks);
+        const double  x     = (double) params.keep * n_chunks;
         const int32_t n_top = std::max(1, (int32_t) std::ceil(x - std::max(1e-6, x * FLT_EPSILON)));
         int32_t n_taken = 0;
         for (size_t k = 0; k < candidates.size() && n_taken < n_top; ++k) {
@@ -596,6 +590,10 @@ std::vector<int32_t> common_spec_prefill_select(
                 n_taken++;
             }
         }
+    }
+
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        keep[i] = held_at(i);
     }
 
     if (params.complete_lines && line_ends) {

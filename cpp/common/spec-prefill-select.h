@@ -124,7 +124,7 @@ std::vector<uint8_t> common_spec_prefill_question_lines(const std::string * piec
 // null): which tokens end a line, for params.chunk_lines, params.complete_lines and params.question_lines; pieces
 // (may be null): each token's text, for params.question_lines, whose lines are always kept like the head and tail;
 // protect (may be null): tokens kept whatever they score (protect[i] != 0), such as a chat's system message and tool
-// definitions; the fraction params.keep and the mass params.mass apply to the rest (chunks not wholly protected)
+// definitions; they are added to what the selection keeps without them, so they never take the rest's share
 std::vector<int32_t> common_spec_prefill_select(
         const float * scores,
         int32_t n_tokens,

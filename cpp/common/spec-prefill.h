@@ -85,7 +85,7 @@ struct common_spec_prefill_request {
     int32_t n_past = 0;
 
     // prompt spans kept whatever they score (a chat's system message and tool definitions, a client's own spans);
-    // the selection's fraction or mass applies to the rest. Only their parts at or after n_past count
+    // added to what the selection keeps without them. Only their parts at or after n_past count
     std::vector<common_spec_prefill_span> protect;
 
     // set from another thread: the scoring stops before its next ubatch (CPU: within one) and the result is CANCELLED

@@ -119,6 +119,8 @@ def test_protect_keeps_the_chats_structure_and_scores_the_tool_results(tools_ser
     off = spec(chat(tools_server, messages, cache=False, tool_guard="off"))
     assert off["status"] == "active" and "protected" not in off, off
     assert not protected <= kept_positions(off)
+    # protect keeps what off keeps and adds the spans: the tool results get no fewer tokens than without protection
+    assert kept_positions(off) | protected == kept
     assert "protected" not in tools_server.request("GET", "/slots").json()[0]["spec_prefill"]
 
 

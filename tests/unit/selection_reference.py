@@ -231,19 +231,14 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
     kept = forced_positions(n, chunk_size, keep_first, keep_last)
     if question_lines > 0 and line_ends is not None and pieces is not None:
         kept |= question_line_positions(pieces, line_ends, min(n, max(keep_last, chunk_size, 1)), question_lines)
-    protected = {i for i in range(n) if protect is not None and protect[i]}
-    kept |= protected
     order = ranked_candidates(scores, chunk_size, keep_first, keep_last, cut_at_lines, forced=set(kept))
 
     if mode == "keep":
-        # the fraction applies to the chunks that are not wholly protected
-        n_open = sum(1 for r in chunks if not all(i in protected for i in r))
-        for c in order[:keep_count(keep, n_open, len(order))]:
+        for c in order[:keep_count(keep, len(chunks), len(order))]:
             kept.update(chunks[c])
     else:
-        # protected tokens neither count toward the mass nor fill it
-        total = seq_sum(s[i] for i in range(n) if i not in protected)
-        held = seq_sum(s[i] for i in sorted(kept - protected))
+        total = seq_sum(s)
+        held = seq_sum(s[i] for i in sorted(kept))
         target = float(np.float32(mass)) * total
         for c in order:
             if held >= target:
@@ -252,6 +247,8 @@ def select(scores, mode: str = "keep", keep: float = 0.3, mass: float = 0.85, ch
                 if i not in kept:
                     held += s[i]
             kept.update(chunks[c])
+    # protected spans are added to what the selection keeps without them
+    kept |= {i for i in range(n) if protect is not None and protect[i]}
     if complete_lines and line_ends is not None:
         kept = grow_runs_to_lines(kept, n, line_ends, max(1, chunk_size) // 2)
     return sorted(kept)

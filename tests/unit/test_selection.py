@@ -351,25 +351,32 @@ def test_select_with_protected_spans_matches_reference(n, p, mode, spans, seed):
     args = (scores, mode, p["keep"], p["mass"], p["chunk_size"], p["keep_first"], p["keep_last"])
     got = list(sel.select(*args, chunk_lines=False, protect=protect))
     assert got == ref.select(*args[:2], **p, chunk_lines=False, protect=protect)
-    # every protected token is kept
-    assert {i for i in range(n) if protect[i]} <= set(got)
+    # the unprotected selection plus every protected token
+    plain = set(sel.select(*args, chunk_lines=False))
+    assert plain | {i for i in range(n) if protect[i]} == set(got)
 
 
-def test_protected_spans_are_kept_and_the_fraction_applies_to_the_rest():
-    """A 1,024-token prompt in 32 chunks of 32, its first 8 chunks protected (a system message and tool schemas): they
-    are kept although they score nothing, and p = 0.25 takes a quarter of the other 24 chunks (6), the highest, not a
-    quarter of all 32 (8); the last chunk is the always-kept tail (at least one chunk), so it is not among them."""
+def test_protected_spans_are_added_to_the_unprotected_selection():
+    """A 1,024-token prompt in 32 chunks of 32, its first 8 chunks protected (a system message and tool schemas).
+    Scoring nothing, they are kept on top of what p = 0.25 keeps without them: a quarter of all 32 chunks (8, the
+    highest, 23-30) and the always-kept tail (31). Scoring highest, they are what the unprotected selection keeps
+    anyway, and the open part gets no less than it would without them (the 3-turn tools eval lost calls when p applied
+    to the open part alone and the tool results kept fewer tokens than under `off`)."""
     n, chunk = 1024, 32
     scores = np.zeros(n, np.float32)
     for c in range(8, 32):
         scores[c * chunk:(c + 1) * chunk] = c  # later chunks score higher
     protect = [1] * (8 * chunk) + [0] * (n - 8 * chunk)
     args = (scores, "keep", 0.25, 0.85, chunk, 0, 1)
-    kept = set(sel.select(*args, chunk_lines=False, protect=protect))
-    # the tail (chunk 31) and the highest six others, 25-30
-    assert kept == set(range(8 * chunk)) | set(range(25 * chunk, n))
     plain = set(sel.select(*args, chunk_lines=False))
-    assert plain == set(range(23 * chunk, n))  # without protection: a quarter of all 32, 23-30, and the tail
+    assert plain == set(range(23 * chunk, n))
+    assert set(sel.select(*args, chunk_lines=False, protect=protect)) == set(range(8 * chunk)) | plain
+
+    scores[:8 * chunk] = 100.0  # the protected chunks now score highest: the unprotected pick is them and the tail
+    args = (scores, "keep", 0.25, 0.85, chunk, 0, 1)
+    plain = set(sel.select(*args, chunk_lines=False))
+    assert plain == set(range(8 * chunk)) | set(range(31 * chunk, n))
+    assert set(sel.select(*args, chunk_lines=False, protect=protect)) == plain
     with pytest.raises(ValueError, match="protect flag"):
         sel.select(*args, protect=[1])
 

@@ -885,7 +885,8 @@ static bool spec_prefill_measured(const server_spec_prefill * sp) {
 static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill * sp,
         const server_spec_prefill_params & params, int32_t n_past, int32_t n_new, int32_t n_protected,
         int32_t n_reread) {
-    // the protected tokens are kept, the fraction (or mass) applies to the others
+    // the selection keeps its fraction of every token and the protected ones it did not pick are added: about
+    // f_open of the prompt plus (1 - f_open) of the protected part
     const double f_open = params.select.mode == COMMON_SPEC_PREFILL_SELECT_KEEP ? params.select.keep : params.select.mass;
     const double f_protected = n_new > 0 ? std::min(1.0, (double) n_protected / n_new) : 0.0;
     const double f_kept = f_protected + (1.0 - f_protected) * f_open;
