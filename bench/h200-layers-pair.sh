@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 31's H200 measurements in one lease: the CUDA build (patch 0016's K-layer graphs), the TTFT of the random 8B
-# target / 1.5B draft at 32K and 128K for every scorer and layer count, then on the real Qwen2.5-Coder pair the quality
-# (spbuild eval at 8K-30K) and the cost (spbuild bench at 16K and 30K) of the 0.5B draft's whole depth and first
-# half against the 1.5B target's own first 6, 10 and 14 of 28 layers. Ordered by what a 30-minute lease must not
-# miss: 128K (the aim), the pair's quality and cost, then 32K.
+# The real Qwen2.5-Coder pair on the GPU in one lease: the CUDA build, then side by side on the GPU the quality
+# (spbuild eval, chat prompts, every kind, 8K-16K whole and 30K windowed, p=0.3) of the 0.5B draft's whole depth and
+# first half against the 1.5B target's own first 6, 10 and 14 of 28 layers (issue 31), and the tools eval's calls
+# under protect and off, one turn and three (issue 30); then, alone on the GPU, the random 8B target scoring for
+# itself at 128K (its first 4 and 8 of 32 layers against the full prefill).
 # The first call starts `chain` detached from a copy of the repository (later calls replace the working tree); the
 # calls after it each carry one part of the pair (.carry/pair/partNN, cut with
 #   cat 1.5b.gguf 0.5b.gguf | split -b 52000000 -d -a 2 - .carry/pair/part
@@ -20,28 +20,27 @@ chain)
     step() { echo "$(date +%T) $*"; }
     step build
     TARGETS="llama-server llama-bench" bash bench/h200-bench-eval.sh build
-    step "random 128K"
-    OUT=$O LAYERS=0,4,8,14 bash bench/h200-layers.sh bench 131072 8192 > /dev/null || step "128K failed"
-    if [ "${PAIR:-1}" = 1 ]; then  # PAIR=0: the random models only (a lease too short for the pair's 31 parts)
-        step "waiting for the pair"
-        until [ -f "$W/qwen2.5-coder-0.5b-instruct.gguf" ] && [ ! -f "$W/pair.cat" ]; do sleep 3; done
-        pair=(--target "$W/qwen2.5-coder-1.5b-instruct.gguf" --draft "$W/qwen2.5-coder-0.5b-instruct.gguf")
-        step "pair evals"
-        run_eval() {  # NAME LENGTHS WINDOW SCORER LAYERS
-            python3 -m spbuild.eval_cli --bin "$W/build/bin" "${pair[@]}" --source-tree "$W/src" --lengths "$2" \
-                --depths 0.1,0.5,0.9 --p 0.3 --window "$3" --seeds 1 --scorers "$4" --layers "$5" --no-plots \
-                --server-args "-ngl 99 -nglpd 99 -fa on" --out "$O/$1" > "$O/$1.log" 2>&1 || step "$1 failed"
-        }
-        (run_eval eval-draft-short 8192,16384 0 draft 0,12; run_eval eval-draft-30k 30000 8192 draft 0,12) &
-        (run_eval eval-self-short 8192,16384 0 self 6,10,14; run_eval eval-self-30k 30000 8192 self 6,10,14) &
-        wait
-        step "pair bench"
-        python3 -m spbuild.bench measure --bin "$W/build/bin" "${pair[@]}" --sizes 16384,30000 --p 0.3 --window 0,8192 \
-            --layers 0,6,10,12,14 --scorers draft,self --repeat 3 --warmup 1 --no-plots --out "$O/pair-bench" \
-            --server-args "-ngl 99 -nglpd 99 -fa on -b 4096 -ub 1024" > "$O/pair-bench.log" 2>&1 || step "pair bench failed"
-    fi
-    step "random 32K"
-    OUT=$O LAYERS=0,4,7,8,12,14 bash bench/h200-layers.sh bench 32768 0,8192 > /dev/null || step "32K failed"
+    step "waiting for the pair"
+    until [ -f "$W/qwen2.5-coder-0.5b-instruct.gguf" ] && [ ! -f "$W/pair.cat" ]; do sleep 3; done
+    pair=(--target "$W/qwen2.5-coder-1.5b-instruct.gguf" --draft "$W/qwen2.5-coder-0.5b-instruct.gguf")
+    step "pair evals"
+    run_eval() {  # NAME LENGTHS WINDOW ARGS...: one eval into $O/NAME, its log beside it
+        python3 -m spbuild.eval_cli --bin "$W/build/bin" "${pair[@]}" --source-tree "$W/src" --lengths "$2" \
+            --depths 0.1,0.5,0.9 --p 0.3 --window "$3" --seeds 1 --no-plots "${@:4}" \
+            --server-args "-ngl 99 -nglpd 99 -fa on" --out "$O/$1" > "$O/$1.log" 2>&1 || step "$1 failed"
+        step "$1 done"
+    }
+    quality=(--chat --kinds all)
+    tools=(--kinds tools --tool-guards protect,off --turns 1,3)
+    (run_eval draft-short 8192,16384 0 "${quality[@]}" --scorers draft --layers 0,12
+     run_eval draft-30k 30000 8192 "${quality[@]}" --scorers draft --layers 0,12) &
+    (run_eval self-short 8192,16384 0 "${quality[@]}" --scorers self --layers 6,10,14
+     run_eval self-30k 30000 8192 "${quality[@]}" --scorers self --layers 6,10,14) &
+    (run_eval tools-short 8192,16384 0 "${tools[@]}"; run_eval tools-30k 30000 8192 "${tools[@]}") &
+    wait
+    step "random 128K, self"  # alone on the GPU: TTFT side by side with the full prefill
+    OUT=$O NAME=self-128k P=0.1 WINDOW=8192 EXTRA_BENCH_ARGS="--layers 4,8 --scorers self" \
+        bash bench/h200-bench-eval.sh bench 131072 > /dev/null || step "128K failed"
     step done
     ;;
 collect)
