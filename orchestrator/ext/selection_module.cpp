@@ -143,7 +143,7 @@ NB_MODULE(_selection, m) {
        "Sorted positions to prefill; with line_ends (a flag per token: it ends a line), chunks follow lines "
        "(chunk_lines) and kept runs grow to whole lines (complete_lines); with pieces (each token's text) too, the "
        "lines sharing a word with the question are kept (question_lines > 0: the most lines such a word may be in); "
-       "protect (a flag per token): tokens always kept, the fraction or mass applying to the other chunks.");
+       "protect (a flag per token): tokens always kept, added to what the selection keeps without them.");
 
     m.def("question_lines", [](std::vector<std::string> pieces, std::vector<uint8_t> line_ends, int32_t n_question,
                                int32_t max_lines) {
