@@ -19,7 +19,8 @@ chain)
     export PYTHONPATH=$PWD/orchestrator
     step() { echo "$(date +%T) $*"; }
     step build
-    TARGETS="llama-server llama-bench" bash bench/h200-bench-eval.sh build
+    # SELF128=1: also the random models and, at the end, the 128K bench (a lease of 30 minutes has no room for both)
+    RANDOM_MODELS=${SELF128:-0} TARGETS="llama-server llama-bench" bash bench/h200-bench-eval.sh build
     step "waiting for the pair"
     until [ -f "$W/qwen2.5-coder-0.5b-instruct.gguf" ] && [ ! -f "$W/pair.cat" ]; do sleep 3; done
     pair=(--target "$W/qwen2.5-coder-1.5b-instruct.gguf" --draft "$W/qwen2.5-coder-0.5b-instruct.gguf")
@@ -38,9 +39,11 @@ chain)
      run_eval self-30k 30000 8192 "${quality[@]}" --scorers self --layers 6,10,14) &
     (run_eval tools-short 8192,16384 0 "${tools[@]}"; run_eval tools-30k 30000 8192 "${tools[@]}") &
     wait
-    step "random 128K, self"  # alone on the GPU: TTFT side by side with the full prefill
-    OUT=$O NAME=self-128k P=0.1 WINDOW=8192 EXTRA_BENCH_ARGS="--layers 4,8 --scorers self" \
-        bash bench/h200-bench-eval.sh bench 131072 > /dev/null || step "128K failed"
+    if [ "${SELF128:-0}" = 1 ]; then  # alone on the GPU: TTFT side by side with the full prefill
+        step "random 128K, self"
+        OUT=$O NAME=self-128k P=0.1 WINDOW=8192 EXTRA_BENCH_ARGS="--layers 4,8 --scorers self" \
+            bash bench/h200-bench-eval.sh bench 131072 > /dev/null || step "128K failed"
+    fi
     step done
     ;;
 collect)
