@@ -1,8 +1,8 @@
 #pragma once
 
-// The selection settings of speculative prefill and llama-server's own, alone in a header of their own: common.h holds
-// them in common_params, so this is all that every file including common.h sees of the feature (spec-prefill-select.h
-// has the functions), and a new setting of either kind changes this file, not the patch to common.h.
+// The settings of speculative prefill, alone in a header of their own: common.h holds them in common_params, so this is
+// all that every file including common.h sees of the feature (spec-prefill-select.h has the functions), and a new
+// setting changes this file and a row of spec-prefill-settings.cpp's table, not the patch to common.h.
 
 #include <cstdint>
 
@@ -60,4 +60,22 @@ struct common_spec_prefill_server_params {
                                // (-1: no bound but the slots and the break-even)
     int32_t window_min = 1024; // the smallest window a request may ask for: smaller ones cost more to score than no
                                // windows (each window scores its own sink, question and lookahead rows)
+};
+
+// every knob a flag sets, once: common_params_spec_prefill (the flags) and llama-server's per-request parameters both
+// are one, and the table of spec-prefill-settings.h names, checks and documents each
+struct common_spec_prefill_settings {
+    common_spec_prefill_select_params select;
+
+    int32_t lookahead   = 8;    // query rows: the prompt's last token and lookahead - 1 greedy draft tokens (the
+                                // paper's 8); on the real Qwen2.5-Coder pair 8 rows kept more right answers than 1
+                                // at the same p, each row a draft decode (docs/quality.md); requests may ask for up
+                                // to common_spec_prefill_lookahead_max(lookahead)
+    int32_t pool_kernel = 13;   // average-pool kernel along the prompt (0 or 1: none)
+    int32_t min_tokens  = 1024; // shorter prompts are prefilled in full
+    int32_t n_ctx       = 0;    // most KV cells of the draft context (0: the draft's trained context)
+    int32_t window      = 0;    // score in windows of this many tokens (0: automatic, see spec-prefill.h)
+    int32_t n_layers    = 0;    // score with the scorer's first n_layers layers (0: all; -mpd self: a quarter)
+
+    common_spec_prefill_server_params server; // llama-server's own
 };

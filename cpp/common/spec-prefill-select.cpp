@@ -9,14 +9,6 @@
 #include <thread>
 #include <unordered_map>
 
-const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode) {
-    switch (mode) {
-        case COMMON_SPEC_PREFILL_SELECT_KEEP: return "keep";
-        case COMMON_SPEC_PREFILL_SELECT_MASS: return "mass";
-    }
-    return nullptr;
-}
-
 //
 // thread pool
 //
@@ -304,31 +296,6 @@ std::vector<common_spec_prefill_window> common_spec_prefill_plan_windows(int32_t
 //
 // selection
 //
-
-const char * common_spec_prefill_select_params_check(const common_spec_prefill_select_params & params) {
-    if (common_spec_prefill_select_mode_name(params.mode) == nullptr) {
-        return "unknown selection mode (expected keep or mass)";
-    }
-    if (!(params.keep > 0.0f && params.keep <= 1.0f)) {
-        return "the kept fraction must be in (0, 1]";
-    }
-    if (!(params.mass > 0.0f && params.mass <= 1.0f)) {
-        return "the score mass must be in (0, 1]";
-    }
-    if (params.chunk_size < 0) {
-        return "the chunk size must be >= 0";
-    }
-    if (params.keep_first < 0 || params.keep_last < 0) {
-        return "the always-kept token counts must be >= 0";
-    }
-    if (params.question_lines < 0) {
-        return "the question lines' word limit must be >= 0 (0: off)";
-    }
-    if (params.max_keep < 0) {
-        return "the most kept tokens must be >= 0 (0: no cap)";
-    }
-    return nullptr;
-}
 
 std::vector<int32_t> common_spec_prefill_chunks(int32_t n_tokens, int32_t chunk_size, const uint8_t * line_ends) {
     const int32_t chunk = std::max(1, chunk_size);

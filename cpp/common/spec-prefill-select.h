@@ -13,9 +13,6 @@
 #include <string>
 #include <vector>
 
-// "keep" or "mass"; nullptr for an unknown mode
-const char * common_spec_prefill_select_mode_name(enum common_spec_prefill_select_mode mode);
-
 //
 // scoring
 //
@@ -132,6 +129,3 @@ std::vector<int32_t> common_spec_prefill_select(
         const uint8_t * line_ends = nullptr,
         const std::string * pieces = nullptr,
         const uint8_t * protect = nullptr);
-
-// nullptr if the parameters are valid, else what is wrong
-const char * common_spec_prefill_select_params_check(const struct common_spec_prefill_select_params & params);

@@ -1,5 +1,6 @@
 #include "spec-prefill.h"
 #include "spec-prefill-graph.h"
+#include "spec-prefill-settings.h"
 
 #include "log.h"
 #include "llama-cpp.h"
@@ -585,8 +586,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         llama_model * model_spec_draft, std::string & error) {
     const auto & spp = params.spec_prefill;
 
-    if (const char * problem = common_spec_prefill_select_params_check(spp.select)) {
-        error = std::string("speculative prefill: ") + problem;
+    if (const std::string problem = common_spec_prefill_settings_check(spp); !problem.empty()) {
+        error = "speculative prefill: " + problem;
         return nullptr;
     }
 
@@ -1344,8 +1345,10 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         return res;
     };
 
-    if (const char * problem = common_spec_prefill_select_params_check(req.select)) {
-        return full(COMMON_SPEC_PREFILL_FAILED, problem);
+    common_spec_prefill_settings asked;
+    asked.select = req.select;
+    if (const std::string problem = common_spec_prefill_settings_check(asked); !problem.empty()) {
+        return full(COMMON_SPEC_PREFILL_FAILED, problem.c_str());
     }
     const int32_t n_look     = req.lookahead == 0 ? sp->params.lookahead : req.lookahead;
     const int32_t n_look_max = common_spec_prefill_lookahead_max(sp->params.lookahead);

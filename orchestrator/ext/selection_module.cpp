@@ -1,13 +1,16 @@
 // spbuild._selection: Python bindings of cpp/common/spec-prefill-select.cpp, the selection code llama.cpp builds,
-// so the algorithm can be checked against a NumPy reference without building llama.cpp.
+// so the algorithm can be checked against a NumPy reference without building llama.cpp, and of the settings table
+// (spec-prefill-settings.cpp) that the flags, the server's request fields and the README's flag table follow.
 
 #include "spec-prefill-select.h"
+#include "spec-prefill-settings.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <optional>
@@ -20,20 +23,31 @@ using f32_array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 
 static common_spec_prefill_select_params make_params(const std::string & mode, float keep, float mass,
         int32_t chunk_size, int32_t keep_first, int32_t keep_last) {
-    common_spec_prefill_select_params params;
-    if (mode == "keep") {
-        params.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
-    } else if (mode == "mass") {
-        params.mode = COMMON_SPEC_PREFILL_SELECT_MASS;
-    } else {
-        throw std::invalid_argument("mode must be 'keep' or 'mass'");
+    common_spec_prefill_settings s;
+    common_spec_prefill_setting_parse(*common_spec_prefill_setting_find("select"), s, "mode", mode);
+    s.select.keep       = keep;
+    s.select.mass       = mass;
+    s.select.chunk_size = chunk_size;
+    s.select.keep_first = keep_first;
+    s.select.keep_last  = keep_last;
+    return s.select;
+}
+
+// what is wrong with the selection parameters, or an empty string
+static std::string check(const common_spec_prefill_select_params & params) {
+    common_spec_prefill_settings s;
+    s.select = params;
+    return common_spec_prefill_settings_check(s);
+}
+
+static const char * type_name(enum common_spec_prefill_setting_type type) {
+    switch (type) {
+        case COMMON_SPEC_PREFILL_SETTING_INT:    return "int";
+        case COMMON_SPEC_PREFILL_SETTING_FLOAT:  return "float";
+        case COMMON_SPEC_PREFILL_SETTING_BOOL:   return "bool";
+        case COMMON_SPEC_PREFILL_SETTING_CHOICE: return "choice";
     }
-    params.keep       = keep;
-    params.mass       = mass;
-    params.chunk_size = chunk_size;
-    params.keep_first = keep_first;
-    params.keep_last  = keep_last;
-    return params;
+    return "?";
 }
 
 NB_MODULE(_selection, m) {
@@ -94,8 +108,8 @@ NB_MODULE(_selection, m) {
         } catch (const std::invalid_argument & err) {
             return std::string(err.what());
         }
-        const char * problem = common_spec_prefill_select_params_check(params);
-        return problem ? std::optional<std::string>(problem) : std::nullopt;
+        const std::string problem = check(params);
+        return problem.empty() ? std::nullopt : std::optional<std::string>(problem);
     }, nb::arg("mode"), nb::arg("keep"), nb::arg("mass"), nb::arg("chunk_size"), nb::arg("keep_first"),
        nb::arg("keep_last"));
 
@@ -124,13 +138,10 @@ NB_MODULE(_selection, m) {
             throw std::invalid_argument("select: need one protect flag per score");
         }
         auto params = make_params(mode, keep, mass, chunk_size, keep_first, keep_last);
-        if (const char * problem = common_spec_prefill_select_params_check(params)) {
-            throw std::invalid_argument(problem);
-        }
         params.chunk_lines    = chunk_lines;
         params.complete_lines = complete_lines;
         params.question_lines = question_lines;
-        if (const char * problem = common_spec_prefill_select_params_check(params)) {
+        if (const std::string problem = check(params); !problem.empty()) {
             throw std::invalid_argument(problem);
         }
         return common_spec_prefill_select(scores.data(), (int32_t) scores.shape(0), params,
@@ -155,4 +166,27 @@ NB_MODULE(_selection, m) {
     }, nb::arg("pieces"), nb::arg("line_ends"), nb::arg("n_question"), nb::arg("max_lines"),
        "A flag per token: its line shares a word with the question's lines (those of the last n_question tokens), "
        "a word in 1 to max_lines lines before them.");
+
+    m.def("settings", []() {
+        const common_spec_prefill_settings defaults;
+        nb::list out;
+        for (const auto & setting : common_spec_prefill_settings_table()) {
+            nb::dict row;
+            row["key"]         = setting.key;
+            row["flags"]       = std::vector<std::string>(setting.flags.begin(), setting.flags.end());
+            row["flags_neg"]   = std::vector<std::string>(setting.flags_neg.begin(), setting.flags_neg.end());
+            row["env"]         = setting.env;
+            row["env_seed"]    = setting.env_seed ? nb::object(nb::str(setting.env_seed)) : nb::none();
+            row["type"]        = type_name(setting.type);
+            row["values"]      = common_spec_prefill_setting_values(setting);
+            row["default"]     = common_spec_prefill_setting_text(setting, defaults);
+            row["choices"]     = std::vector<std::string>(setting.choices.begin(), setting.choices.end());
+            row["help"]        = setting.help;
+            row["server_only"] = setting.server_only;
+            row["per_request"] = setting.per_request;
+            out.append(row);
+        }
+        return out;
+    }, "The settings table, one dict per setting: key, flags, flags_neg, env, env_seed, type, values, default (as the "
+       "help writes it), choices, help, server_only, per_request.");
 }

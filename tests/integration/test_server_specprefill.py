@@ -7,6 +7,7 @@ weights), made at test time; everything runs on the CPU backend."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -249,6 +250,49 @@ def test_bad_fields_get_a_400_naming_the_field(spec_server, fields, name):
                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **fields})
     assert chat.status_code == 400, chat.text
     assert spec_server.request("GET", "/health").status_code == 200
+
+
+def settings_table() -> list[dict]:
+    from spbuild import _selection
+    return _selection.settings()
+
+
+def json_default(setting: dict):
+    """A setting's default as /props writes it."""
+    text = setting["default"]
+    if setting["type"] == "bool":
+        return text == "enabled"
+    if setting["type"] in ("int", "float"):
+        return pytest.approx(float(text))
+    return text
+
+
+def test_the_settings_table_makes_the_flags_props_and_request_fields(build, server_factory, bpe_models):
+    """Every row of the settings table is a flag with its variable in --help, a /props entry, and, where a request
+    may set it, a request field; the seed tool's SP_* variables set their rows where LLAMA_ARG_* is unset."""
+    table = settings_table()
+    usage = subprocess.run([build.binary("llama-server"), "--help"], capture_output=True, text=True, timeout=60).stdout
+    for setting in table:
+        assert setting["flags"][0] in usage and setting["env"] in usage, setting["key"]
+    server = server_factory(["-m", bpe_models["target"], "-mpd", bpe_models["draft"], "--device", "none"],
+                            env={"SP_KEEP_PCT": "0.45", "SP_SELECT_MODE": "chunk", "SP_MAX_KEEP": "2000",
+                                 "LLAMA_ARG_SPEC_PREFILL_CHUNK": "16", "SP_CHUNK": "64"})
+    props = server.request("GET", "/props").json()["spec_prefill"]
+    seeded = {"p": pytest.approx(0.45), "select": "keep", "max_keep": 2000, "chunk_size": 16}  # LLAMA_ARG_* wins
+    seeded["break_even"] = pytest.approx(float(os.environ.get(BREAK_EVEN_ENV, "1.1")))  # the suite's own setting
+    for setting in table:
+        assert props[setting["key"]] == seeded.get(setting["key"], json_default(setting)), setting["key"]
+    # a request's unknown field names every field a request may set: the table's, and its own
+    response = server.request("POST", "/completion", {"prompt": "hi", "n_predict": 1, "spec_prefill": {"pp": 1}})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert all(s["key"] in message for s in table if s["per_request"]), message
+    assert "pool_kernel" not in message and "queue_max" not in message  # flags only
+    bad = subprocess.run([build.binary("llama-server"), "-m", bpe_models["target"], "-mpd", bpe_models["draft"],
+                          "--device", "none", "--port", "0"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SP_KEEP_PCT": "2"})
+    assert bad.returncode != 0
+    assert '"SP_KEEP_PCT"' in bad.stderr and "must be in (0, 1], got '2'" in bad.stderr, bad.stderr[-2000:]
 
 
 def test_request_windows_below_the_floor_are_refused(server_factory, bpe_models):

@@ -228,7 +228,7 @@ def test_a_bad_tool_guard_flag_fails_at_startup(build, bpe_models):
                            "--device", "none", "--port", "0", "--spec-prefill-tool-guard", "sometimes"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "--spec-prefill-tool-guard must be skip, protect or off, got 'sometimes'" in proc.stdout + proc.stderr
+    assert "--spec-prefill-tool-guard must be off, skip or protect, got 'sometimes'" in proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")

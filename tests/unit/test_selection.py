@@ -403,7 +403,7 @@ def test_question_lines_keep_the_asked_key_and_skip_common_words():
     # 'vault' is in four lines before the question: with a limit of 4 they all come in
     four = set(sel.select(*args, chunk_lines=False, pieces=pieces, question_lines=4)) - plain
     assert four == set().union(*(range(start[k], start[k + 1]) for k in (5, 20, 30, 33)))
-    with pytest.raises(ValueError, match="question lines"):
+    with pytest.raises(ValueError, match="question_lines"):
         sel.select(*args, pieces=pieces, question_lines=-1)
 
 

@@ -2,7 +2,7 @@
 
 #include "chat.h"
 #include "log.h"
-#include "spec-prefill-arg.h"
+#include "spec-prefill-settings.h"
 #include "../../src/llama-ext.h"
 
 #include <algorithm>
@@ -42,26 +42,26 @@ const char * server_spec_prefill_status_name(enum server_spec_prefill_status sta
 // per-request parameters
 //
 
+// a setting's value as JSON: a number, a boolean or the choice's name
+static json spec_prefill_setting_json(const common_spec_prefill_setting & setting, const common_spec_prefill_settings & s) {
+    const double x = setting.get(s);
+    switch (setting.type) {
+        case COMMON_SPEC_PREFILL_SETTING_INT:    return (int32_t) x;
+        case COMMON_SPEC_PREFILL_SETTING_FLOAT:  return (float) x;
+        case COMMON_SPEC_PREFILL_SETTING_BOOL:   return x != 0.0;
+        case COMMON_SPEC_PREFILL_SETTING_CHOICE: return common_spec_prefill_setting_text(setting, s);
+    }
+    return nullptr;
+}
+
 json server_spec_prefill_params::to_json() const {
-    return json {
-        {"enabled",    enabled},
-        {"p",          select.keep},
-        {"select",     common_spec_prefill_select_mode_name(select.mode)},
-        {"mass",       select.mass},
-        {"min_tokens", min_tokens},
-        {"window",     window},
-        {"lookahead",  lookahead},
-        {"layers",     layers},
-        {"break_even", break_even},
-        {"max_keep",   select.max_keep},
-        {"chunk_size", select.chunk_size},
-        {"chunk_lines", select.chunk_lines},
-        {"complete_lines", select.complete_lines},
-        {"question_lines", select.question_lines},
-        {"keep_first", select.keep_first},
-        {"keep_last",  select.keep_last},
-        {"tool_guard", common_spec_prefill_tool_guard_name(tool_guard)},
-    };
+    json j = {{"enabled", enabled}};
+    for (const auto & setting : common_spec_prefill_settings_table()) {
+        if (setting.per_request) {
+            j[setting.key] = spec_prefill_setting_json(setting, *this);
+        }
+    }
+    return j;
 }
 
 [[noreturn]] static void spec_prefill_bad_field(const std::string & field, const std::string & what) {
@@ -80,26 +80,48 @@ static bool spec_prefill_get_bool(const json & obj, const char * key, const std:
     return v.get<bool>();
 }
 
-// a request field against its setting's range, the one its flag is checked against (spec-prefill-arg.h); before any
-// conversion, so that 1e-300 for p is a 400, not a p of 0
-static double spec_prefill_get_in_range(const json & obj, const char * key, const std::string & field,
-        const common_spec_prefill_range & range) {
-    const json & v = obj.at(key);
-    const bool number = range.integer ? v.is_number_integer() : v.is_number();
-    if (!number || !common_spec_prefill_in_range(range, v.get<double>())) {
-        spec_prefill_bad_field(field, "must be " + common_spec_prefill_range_text(range) + ", got " + v.dump());
+// a request's spec_prefill.<key> against the setting's values (spec-prefill-settings.h), the ones its flag takes but
+// where the server narrows them (`range`); a number before any conversion, so that 1e-300 for p is a 400, not a p of 0
+static void spec_prefill_get_setting(const json & obj, const common_spec_prefill_setting & setting,
+        const common_spec_prefill_range & range, server_spec_prefill_params & params) {
+    const json & v = obj.at(setting.key);
+    const std::string field = std::string("spec_prefill.") + setting.key;
+    switch (setting.type) {
+        case COMMON_SPEC_PREFILL_SETTING_INT:
+        case COMMON_SPEC_PREFILL_SETTING_FLOAT: {
+            const bool number = range.integer ? v.is_number_integer() : v.is_number();
+            if (!number || !common_spec_prefill_in_range(range, v.get<double>())) {
+                spec_prefill_bad_field(field, "must be " + common_spec_prefill_range_text(range) + ", got " + v.dump());
+            }
+            setting.set(params, v.get<double>());
+            return;
+        }
+        case COMMON_SPEC_PREFILL_SETTING_BOOL:
+            setting.set(params, spec_prefill_get_bool(obj, setting.key, field));
+            return;
+        case COMMON_SPEC_PREFILL_SETTING_CHOICE: {
+            const int32_t i = v.is_string() ? common_spec_prefill_setting_choice(setting, v.get<std::string>(), false) : -1;
+            if (i < 0) {
+                spec_prefill_bad_field(field, "must be " + common_spec_prefill_setting_values(setting) + ", got " + v.dump());
+            }
+            setting.set(params, i);
+            return;
+        }
     }
-    return v.get<double>();
 }
 
-static int32_t spec_prefill_get_int(const json & obj, const char * key, const std::string & field,
-        const common_spec_prefill_range & range) {
-    return (int32_t) spec_prefill_get_in_range(obj, key, field, range);
-}
-
-static float spec_prefill_get_float(const json & obj, const char * key, const std::string & field,
-        const common_spec_prefill_range & range) {
-    return (float) spec_prefill_get_in_range(obj, key, field, range);
+// the values a request may give a setting: its flag's, narrowed where the server prepared for less
+static common_spec_prefill_range spec_prefill_request_range(const common_spec_prefill_setting & setting,
+        const common_params_spec_prefill & spp) {
+    common_spec_prefill_range range = setting.range;
+    if (std::string(setting.key) == "window") {
+        // no smaller than the server's floor (--spec-prefill-window-min): small windows cost more to score
+        range.lo = std::max<double>(range.lo, spp.server.window_min);
+    } else if (std::string(setting.key) == "lookahead") {
+        // the draft context is prepared with room for this many rows, not more
+        range.hi = common_spec_prefill_lookahead_max(spp.lookahead);
+    }
+    return range;
 }
 
 // how much of a string prompt's start is kept to find it in the tokens' text (a tokenizer's BOS or leading space)
@@ -174,22 +196,20 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
     const auto & spp = params_base.spec_prefill;
 
     server_spec_prefill_params params;
-    params.enabled    = spp.enabled;
-    params.select     = spp.select;
-    params.min_tokens = spp.min_tokens;
-    params.window     = spp.window;
-    params.lookahead  = spp.lookahead;
-    params.layers     = spp.n_layers;
-    params.break_even = spp.server.break_even;
-    params.tool_guard = spp.server.tool_guard;
+    static_cast<common_spec_prefill_settings &>(params) = spp;
+    params.enabled = spp.enabled;
 
     // vllm-mlx's flat fields first, so that the object wins when a client sends both
     if (spec_prefill_has(data, "specprefill")) {
         params.enabled = spec_prefill_get_bool(data, "specprefill", "specprefill");
     }
     if (spec_prefill_has(data, "specprefill_keep_pct")) {
-        params.select.keep = spec_prefill_get_float(data, "specprefill_keep_pct", "specprefill_keep_pct",
-                SPEC_PREFILL_RANGE_P);
+        const json & v = data.at("specprefill_keep_pct");
+        if (!v.is_number() || !common_spec_prefill_in_range(SPEC_PREFILL_RANGE_P, v.get<double>())) {
+            spec_prefill_bad_field("specprefill_keep_pct", "must be " + common_spec_prefill_range_text(SPEC_PREFILL_RANGE_P) +
+                    ", got " + v.dump());
+        }
+        params.select.keep = v.get<float>();
         params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
     }
 
@@ -200,9 +220,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         } else if (!obj.is_object()) {
             spec_prefill_bad_field("spec_prefill", "must be an object or a boolean, got " + obj.dump());
         } else {
-            static const std::vector<std::string> known = { "enabled", "p", "select", "mass", "min_tokens",
-                "window", "lookahead", "layers", "break_even", "max_keep", "chunk_size", "chunk_lines", "complete_lines", "question_lines",
-                "keep_first", "keep_last", "return_kept", "tool_guard", "keep" };
+            // the table's per-request settings, and the request's own fields
+            std::vector<std::string> known = { "enabled", "return_kept", "keep" };
+            for (const auto & setting : common_spec_prefill_settings_table()) {
+                if (setting.per_request) {
+                    known.push_back(setting.key);
+                }
+            }
             for (const auto & item : obj.items()) {
                 if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
                     // the key as JSON writes it, without its quotes: a control character in it (a NUL ended the
@@ -215,84 +239,13 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             if (spec_prefill_has(obj, "enabled")) {
                 params.enabled = spec_prefill_get_bool(obj, "enabled", "spec_prefill.enabled");
             }
-            if (spec_prefill_has(obj, "p")) {
-                params.select.keep = spec_prefill_get_float(obj, "p", "spec_prefill.p", SPEC_PREFILL_RANGE_P);
-            }
-            if (spec_prefill_has(obj, "select")) {
-                const json & v = obj.at("select");
-                const std::string mode = v.is_string() ? v.get<std::string>() : "";
-                if (mode == "keep") {
-                    params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
-                } else if (mode == "mass") {
-                    params.select.mode = COMMON_SPEC_PREFILL_SELECT_MASS;
-                } else {
-                    spec_prefill_bad_field("spec_prefill.select", "must be \"keep\" or \"mass\", got " + v.dump());
+            for (const auto & setting : common_spec_prefill_settings_table()) {
+                if (setting.per_request && spec_prefill_has(obj, setting.key)) {
+                    spec_prefill_get_setting(obj, setting, spec_prefill_request_range(setting, spp), params);
                 }
-            }
-            if (spec_prefill_has(obj, "mass")) {
-                params.select.mass = spec_prefill_get_float(obj, "mass", "spec_prefill.mass", SPEC_PREFILL_RANGE_MASS);
-            }
-            if (spec_prefill_has(obj, "min_tokens")) {
-                params.min_tokens = spec_prefill_get_int(obj, "min_tokens", "spec_prefill.min_tokens", SPEC_PREFILL_RANGE_COUNT);
-            }
-            if (spec_prefill_has(obj, "window")) {
-                // no smaller than the server's floor (--spec-prefill-window-min): small windows cost more to score
-                auto range = SPEC_PREFILL_RANGE_WINDOW;
-                range.lo = std::max<double>(range.lo, spp.server.window_min);
-                params.window = spec_prefill_get_int(obj, "window", "spec_prefill.window", range);
-            }
-            if (spec_prefill_has(obj, "lookahead")) {
-                // the draft context is prepared with room for this many rows, not more
-                auto range = SPEC_PREFILL_RANGE_LOOKAHEAD;
-                range.hi = common_spec_prefill_lookahead_max(spp.lookahead);
-                params.lookahead = spec_prefill_get_int(obj, "lookahead", "spec_prefill.lookahead", range);
-            }
-            if (spec_prefill_has(obj, "layers")) {
-                // more than the scorer has means all of them, as a window longer than the prompt means no windows
-                params.layers = spec_prefill_get_int(obj, "layers", "spec_prefill.layers", SPEC_PREFILL_RANGE_COUNT);
-            }
-            if (spec_prefill_has(obj, "break_even")) {
-                params.break_even = spec_prefill_get_float(obj, "break_even", "spec_prefill.break_even",
-                        SPEC_PREFILL_RANGE_BREAK_EVEN);
-            }
-            if (spec_prefill_has(obj, "max_keep")) {
-                params.select.max_keep = spec_prefill_get_int(obj, "max_keep", "spec_prefill.max_keep", SPEC_PREFILL_RANGE_COUNT);
-            }
-            // the selection's shape, as --spec-prefill-chunk, --spec-prefill-chunk-lines,
-            // --spec-prefill-complete-lines, --spec-prefill-question-lines, --spec-prefill-keep-first and
-            // --spec-prefill-keep-last
-            if (spec_prefill_has(obj, "chunk_size")) {
-                params.select.chunk_size =
-                    spec_prefill_get_int(obj, "chunk_size", "spec_prefill.chunk_size", SPEC_PREFILL_RANGE_CHUNK_SIZE);
-            }
-            if (spec_prefill_has(obj, "chunk_lines")) {
-                params.select.chunk_lines = spec_prefill_get_bool(obj, "chunk_lines", "spec_prefill.chunk_lines");
-            }
-            if (spec_prefill_has(obj, "complete_lines")) {
-                params.select.complete_lines =
-                    spec_prefill_get_bool(obj, "complete_lines", "spec_prefill.complete_lines");
-            }
-            if (spec_prefill_has(obj, "question_lines")) {
-                params.select.question_lines =
-                    spec_prefill_get_int(obj, "question_lines", "spec_prefill.question_lines", SPEC_PREFILL_RANGE_COUNT);
-            }
-            if (spec_prefill_has(obj, "keep_first")) {
-                params.select.keep_first = spec_prefill_get_int(obj, "keep_first", "spec_prefill.keep_first",
-                        SPEC_PREFILL_RANGE_COUNT);
-            }
-            if (spec_prefill_has(obj, "keep_last")) {
-                params.select.keep_last = spec_prefill_get_int(obj, "keep_last", "spec_prefill.keep_last",
-                        SPEC_PREFILL_RANGE_COUNT);
             }
             if (spec_prefill_has(obj, "return_kept")) {
                 params.return_kept = spec_prefill_get_bool(obj, "return_kept", "spec_prefill.return_kept");
-            }
-            if (spec_prefill_has(obj, "tool_guard")) {
-                const json & v = obj.at("tool_guard");
-                if (!v.is_string() || !common_spec_prefill_tool_guard_parse(v.get<std::string>(), params.tool_guard)) {
-                    spec_prefill_bad_field("spec_prefill.tool_guard", "must be \"skip\", \"protect\" or \"off\", got " +
-                            v.dump());
-                }
             }
             if (spec_prefill_has(obj, "keep")) {
                 spec_prefill_client_spans(data, obj.at("keep"), params);
@@ -349,7 +302,9 @@ static bool spec_prefill_protects(const common_params_spec_prefill & spp, const 
                 enabled = obj.at("enabled").get<bool>();
             }
             if (obj.contains("tool_guard") && obj.at("tool_guard").is_string()) {
-                common_spec_prefill_tool_guard_parse(obj.at("tool_guard").get<std::string>(), guard);
+                const int32_t i = common_spec_prefill_setting_choice(*common_spec_prefill_setting_find("tool_guard"),
+                        obj.at("tool_guard").get<std::string>(), false);
+                guard = i >= 0 ? (common_spec_prefill_tool_guard) i : guard;
             }
         }
     }
@@ -709,7 +664,7 @@ server_spec_prefill * server_spec_prefill_init(const common_params & params, lla
             "reuse = %s\n", sp->params.mparams.path.empty() ? params.speculative.draft.mparams.path.c_str() :
             sp->params.mparams.path.c_str(), desc, sp->devices.c_str(),
             common_spec_prefill_model_size(sp->core) / 1048576.0, common_spec_prefill_ctx_size(sp->core) / 1048576.0,
-            sp->params.select.keep, common_spec_prefill_select_mode_name(sp->params.select.mode), sp->params.min_tokens,
+            sp->params.select.keep, common_spec_prefill_setting_text(*common_spec_prefill_setting_find("select"), sp->params).c_str(), sp->params.min_tokens,
             sp->params.server.reuse_exact ? "exact" : "sparse");
     if (params.fit_params) {
         SPP_WRN("%s", "--fit does not account for the prefill draft's memory above; leave room for it "
@@ -744,32 +699,15 @@ json server_spec_prefill_props(const common_params & params) {
     if (!spp.enabled) {
         return json {{"enabled", false}};
     }
-    return json {
-        {"enabled",     true},
-        {"draft",       spp.mparams.path.empty() ? params.speculative.draft.mparams.path : spp.mparams.path},
-        {"layers",      spp.n_layers},
-        {"device",      spec_prefill_devices_str(spp.devices)},
-        {"p",           spp.select.keep},
-        {"select",      common_spec_prefill_select_mode_name(spp.select.mode)},
-        {"mass",        spp.select.mass},
-        {"chunk",       spp.select.chunk_size},
-        {"chunk_lines", spp.select.chunk_lines},
-        {"complete_lines", spp.select.complete_lines},
-        {"question_lines", spp.select.question_lines},
-        {"keep_first",  spp.select.keep_first},
-        {"keep_last",   spp.select.keep_last},
-        {"max_keep",    spp.select.max_keep},
-        {"lookahead",   spp.lookahead},
-        {"pool_kernel", spp.pool_kernel},
-        {"min_tokens",  spp.min_tokens},
-        {"ctx",         spp.n_ctx},
-        {"window",      spp.window},
-        {"reuse",       spp.server.reuse_exact ? "exact" : "sparse"},
-        {"break_even",  spp.server.break_even},
-        {"tool_guard",  common_spec_prefill_tool_guard_name(spp.server.tool_guard)},
-        {"queue_max",   spp.server.queue_max},
-        {"window_min",  spp.server.window_min},
+    json j = {
+        {"enabled", true},
+        {"draft",   spp.mparams.path.empty() ? params.speculative.draft.mparams.path : spp.mparams.path},
+        {"device",  spec_prefill_devices_str(spp.devices)},
     };
+    for (const auto & setting : common_spec_prefill_settings_table()) {
+        j[setting.key] = spec_prefill_setting_json(setting, spp);
+    }
+    return j;
 }
 
 //
@@ -892,7 +830,7 @@ static spec_prefill_estimate spec_prefill_estimate_of(const server_spec_prefill 
     const double f_kept = f_protected + (1.0 - f_protected) * f_open;
     spec_prefill_estimate e;
     e.measured = spec_prefill_measured(sp);
-    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.layers,
+    e.t_score  = spec_prefill_score_cost(sp, e.measured, n_past, n_new, params.window, params.lookahead, params.n_layers,
             n_reread);
     if (e.measured) {
         e.source = string_format("measured: target prefill %.0f t/s, scoring %.0f t/s", sp->r_target * 1e3,
@@ -1055,11 +993,11 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     if (!compatible) {
         return decide(SERVER_SPEC_PREFILL_SKIPPED_INCOMPATIBLE, "media in the prompt, or not a completion");
     }
-    if (params.has_tools && params.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP) {
+    if (params.has_tools && params.server.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP) {
         return decide(SERVER_SPEC_PREFILL_SKIPPED_TOOL_GUARD, "the request has tools (--spec-prefill-tool-guard skip, "
                 "spec_prefill.tool_guard; protect keeps the chat's structure whole and scores the rest)");
     }
-    const bool chat_spans = params.has_tools && params.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT;
+    const bool chat_spans = params.has_tools && params.server.tool_guard == COMMON_SPEC_PREFILL_TOOL_GUARD_PROTECT;
     if (!params.protect.empty()) {
         timings.protect = spec_prefill_protect_tokens(llama_model_get_vocab(common_spec_prefill_model(sp->core)),
                 params, prompt, chat_spans);
@@ -1073,7 +1011,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
         return decide(SERVER_SPEC_PREFILL_SKIPPED_MIN_TOKENS, string_format("%d new prompt tokens, below the minimum "
                 "of %d", n_new, params.min_tokens));
     }
-    if (params.break_even > 0.0f || sp->params.server.queue_max >= 0) {
+    if (params.server.break_even > 0.0f || sp->params.server.queue_max >= 0) {
         common_spec_prefill_request req = common_spec_prefill_default_request(sp->core);
         req.n_past = n_past;
         req.select = params.select;
@@ -1084,23 +1022,23 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
                 busy);
         const spec_prefill_estimate e = spec_prefill_estimate_of(sp, params, n_past, n_new, timings.n_protected,
                 n_reread);
-        if (params.break_even > 0.0f && e.speedup() < params.break_even) {
+        if (params.server.break_even > 0.0f && e.speedup() < params.server.break_even) {
             return decide(SERVER_SPEC_PREFILL_SKIPPED_BREAK_EVEN, string_format("estimated speedup %.2fx, below "
                     "the break-even of %.2f (--spec-prefill-break-even, spec_prefill.break_even; %s)", e.speedup(),
-                    params.break_even, e.source.c_str()));
+                    params.server.break_even, e.source.c_str()));
         }
         const int32_t queue_max = sp->params.server.queue_max;
         if (queue_max >= 0 && busy && n_waiting >= queue_max) {
             return decide(SERVER_SPEC_PREFILL_SKIPPED_QUEUE, string_format("the prefill draft is busy and %d "
                     "request(s) already wait for it (--spec-prefill-queue-max %d)", n_waiting, queue_max));
         }
-        if (params.break_even > 0.0f && t_wait > 0.0 && e.speedup(t_wait) < params.break_even) {
+        if (params.server.break_even > 0.0f && t_wait > 0.0 && e.speedup(t_wait) < params.server.break_even) {
             // the draft is busy: waiting for it would eat what scoring saves
             const std::string wait = e.measured ? string_format("about %.0f ms", t_wait) :
                     string_format("%.2f of the target's full prefill", t_wait / e.t_full);
             return decide(SERVER_SPEC_PREFILL_SKIPPED_QUEUE, string_format("estimated speedup %.2fx after the wait "
                     "for the prefill draft (%s; %d request(s) queued before this one), below the break-even of %.2f; "
-                    "%.2fx with an idle draft (%s)", e.speedup(t_wait), wait.c_str(), n_waiting, params.break_even,
+                    "%.2fx with an idle draft (%s)", e.speedup(t_wait), wait.c_str(), n_waiting, params.server.break_even,
                     e.speedup(), e.source.c_str()));
         }
     }
@@ -1111,7 +1049,7 @@ void server_spec_prefill_start(server_spec_prefill_slot & slot, const server_spe
     job->req.min_tokens = params.min_tokens;
     job->req.window     = params.window;
     job->req.lookahead  = params.lookahead;
-    job->req.n_layers   = params.layers;
+    job->req.n_layers   = params.n_layers;
     job->req.n_past     = n_past;
     job->req.cancel     = &job->cancel;
     for (const auto & [role, span] : timings.protect) {

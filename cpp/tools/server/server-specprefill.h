@@ -40,21 +40,13 @@ struct server_spec_prefill_protect {
 };
 
 // what a request asks for: the "spec_prefill" object of /completion, /v1/completions and /v1/chat/completions, or
-// the flat "specprefill" / "specprefill_keep_pct" fields vllm-mlx clients send; defaults are the server's flags
-struct server_spec_prefill_params {
+// the flat "specprefill" / "specprefill_keep_pct" fields vllm-mlx clients send; the settings are the server's flags
+// where the request sets none (those of the table's rows marked per_request it may set)
+struct server_spec_prefill_params : common_spec_prefill_settings {
     bool enabled = false;
-
-    common_spec_prefill_select_params select;
-    int32_t min_tokens = 1024;
-    int32_t window     = 0;
-    int32_t lookahead  = 8; // at most common_spec_prefill_lookahead_max(--spec-prefill-lookahead)
-    int32_t layers     = 0; // score with the scorer's first `layers` layers (0: --spec-prefill-layers, or all)
-    float   break_even = 1.1f; // prefill in full when the estimated speedup is below this (0: never)
 
     bool has_tools   = false; // the request carries tools or a tool-call grammar
     bool return_kept = false; // report the kept prompt positions in the timings (spec_prefill.return_kept)
-
-    enum common_spec_prefill_tool_guard tool_guard = COMMON_SPEC_PREFILL_TOOL_GUARD_SKIP;
 
     // kept whole whatever they score: the chat's structure (with tools and tool_guard protect) and spec_prefill.keep
     std::vector<server_spec_prefill_protect> protect;
