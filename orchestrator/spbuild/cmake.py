@@ -31,7 +31,7 @@ PRODUCT_TARGETS = ("llama-server", "llama-specprefill")
 # `spbuild bench` times the draft's own prefill with upstream's llama-bench
 BENCH_TARGETS = ("llama-bench",)
 # the tests write tiny models (test-llama-archs), check the batch validator, and make a second quantisation of a model
-TEST_HELPER_TARGETS = ("test-llama-archs", "test-batch-alloc", "llama-quantize")
+TEST_HELPER_TARGETS = ("test-llama-archs", "test-batch-alloc", "test-batch-alloc-pos-gaps", "llama-quantize")
 
 
 @dataclass
