@@ -23,7 +23,7 @@
 set -euo pipefail
 W=/tmp/spbench-eval
 source bench/h200-common.sh
-export PYTHONPATH=$PWD/orchestrator
+export PYTHONPATH=$PWD/orchestrator$(carried_wheels)
 case "$1" in
 build)
     rm -rf "$W/src" "$W/build" && unpack_tree "$W/src"

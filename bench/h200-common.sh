@@ -2,6 +2,15 @@
 CM=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
 
+# the device has no jsonschema (the tools eval validates calls with it) and no network: pure-Python wheels carried in
+# .carry/pylib (jsonschema 4.17.3, attrs, pyrsistent: `pip download --no-deps --only-binary=:all: --platform any`)
+# are imported from where they lie
+carried_wheels() {
+    local w out=""
+    for w in "$PWD"/.carry/pylib/*.whl; do [ -f "$w" ] && out="$out:$w"; done
+    echo "$out"
+}
+
 # unpack_tree DIR: the patched tree from .carry/tree.tar.xz, with the llama-bpe vocabulary the random models use
 unpack_tree() {
     mkdir -p "$1/models"

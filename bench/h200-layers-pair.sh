@@ -4,6 +4,8 @@
 # first half against the 1.5B target's own first 6, 10 and 14 of 28 layers (issue 31), and the tools eval's calls
 # under protect and off, one turn and three (issue 30); then, alone on the GPU, the random 8B target scoring for
 # itself at 128K (its first 4 and 8 of 32 layers against the full prefill).
+# Carried in the first call: .carry/tree.tar.xz, ggml-vocab-llama-bpe.gguf, pair.sha256 and pylib/ (the wheels the tools
+# eval needs, bench/h200-common.sh).
 # The first call starts `chain` detached from a copy of the repository (later calls replace the working tree); the
 # calls after it each carry one part of the pair (.carry/pair/partNN, cut with
 #   cat 1.5b.gguf 0.5b.gguf | split -b 52000000 -d -a 2 - .carry/pair/part
@@ -16,7 +18,8 @@ O=/tmp/chain-out
 case "$1" in
 chain)
     mkdir -p "$O"
-    export PYTHONPATH=$PWD/orchestrator
+    source bench/h200-common.sh
+    export PYTHONPATH=$PWD/orchestrator$(carried_wheels)
     step() { echo "$(date +%T) $*"; }
     step build
     # SELF128=1: also the random models and, at the end, the 128K bench (a lease of 30 minutes has no room for both)
@@ -33,10 +36,12 @@ chain)
     }
     quality=(--chat --kinds all)
     tools=(--kinds tools --tool-guards protect,off --turns 1,3)
-    (run_eval draft-short 8192,16384 0 "${quality[@]}" --scorers draft --layers 0,12
-     run_eval draft-30k 30000 8192 "${quality[@]}" --scorers draft --layers 0,12) &
-    (run_eval self-short 8192,16384 0 "${quality[@]}" --scorers self --layers 6,10,14
-     run_eval self-30k 30000 8192 "${quality[@]}" --scorers self --layers 6,10,14) &
+    if [ "${QUALITY:-1}" = 1 ]; then  # QUALITY=0: the tools eval alone (the layer quality is measured: 2026-12-07)
+        (run_eval draft-short 8192,16384 0 "${quality[@]}" --scorers draft --layers 0,12
+         run_eval draft-30k 30000 8192 "${quality[@]}" --scorers draft --layers 0,12) &
+        (run_eval self-short 8192,16384 0 "${quality[@]}" --scorers self --layers 6,10,14
+         run_eval self-30k 30000 8192 "${quality[@]}" --scorers self --layers 6,10,14) &
+    fi
     (run_eval tools-short 8192,16384 0 "${tools[@]}"; run_eval tools-30k 30000 8192 "${tools[@]}") &
     wait
     if [ "${SELF128:-0}" = 1 ]; then  # alone on the GPU: TTFT side by side with the full prefill
