@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `spbuild bench` and `spbuild eval` on the H200 device, which has no spbuild workspace and no network: the modules
-# run as `python3 -m spbuild.bench measure` and `python3 -m spbuild.eval_cli` with the build's bin/ folder (they need
+# run as `python3 -m spbuild.measuring.bench measure` and `python3 -m spbuild.measuring.eval_cli` with the build's bin/ folder (they need
 # only NumPy, requests and the tree's gguf-py; plots are drawn afterwards here with `spbuild report DIR`).
 # Carried in .carry/: tree.tar.xz (git archive of the spbuild branch, as bench/h200-vulkan.sh says),
 # ggml-vocab-llama-bpe.gguf; for `gemma`, one part of Gemma 3 270M per call, cut with dd into .carry/gN/gemma.partNN
@@ -12,14 +12,14 @@
 #                                                       # (P=0.1 WINDOW=8192 to measure fewer settings; NAME=dir
 #                                                       # under $OUT; BUILD=vk-trixie: h200-query-steps.sh's Vulkan;
 #                                                       # EXTRA_SERVER_ARGS appended to the server's arguments,
-#                                                       # EXTRA_BENCH_ARGS to spbuild.bench's)
+#                                                       # EXTRA_BENCH_ARGS to spbuild.measuring.bench's)
 #   bash bench/h200-bench-eval.sh pair             # append the carried parts of the Qwen2.5-Coder pair (the
 #                                                       # 1.5B target then the 0.5B draft, cut with split -b 52000000
 #                                                       # into .carry/pair/partNN, sha256s in .carry/pair.sha256), each
 #                                                       # once; splits and verifies both once all are there
 #   bash bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
 #                                                       # MODELS=pair the Qwen2.5-Coder pair; ARGS go to
-#                                                       # spbuild.eval_cli (--seeds 3); EXTRA_SERVER_ARGS to the server
+#                                                       # spbuild.measuring.eval_cli (--seeds 3); EXTRA_SERVER_ARGS to the server
 set -euo pipefail
 W=/tmp/spbench-eval
 source bench/h200-common.sh
@@ -32,8 +32,8 @@ build)
     [ "${RANDOM_MODELS:-1}" = 1 ] || exit 0  # RANDOM_MODELS=0: the eval of real models needs none
     # trained context above 128K: a slot is capped at the model's training context, and a 131,072-token prompt needs
     # the answer's tokens beside it
-    python3 -m spbuild.bench make-model --tree "$W/src" --shape 8b --ctx 262144 "$W/target.gguf" &
-    python3 -m spbuild.bench make-model --tree "$W/src" --shape 1.5b --ctx 262144 "$W/draft.gguf"
+    python3 -m spbuild.measuring.bench make-model --tree "$W/src" --shape 8b --ctx 262144 "$W/target.gguf" &
+    python3 -m spbuild.measuring.bench make-model --tree "$W/src" --shape 1.5b --ctx 262144 "$W/draft.gguf"
     wait
     ls -la "$W/build/bin" | grep -E "llama-(server|specprefill|bench)"
     ;;
@@ -61,7 +61,7 @@ bench)
     # BUILD=vk-trixie: the Vulkan build of bench/h200-query-steps.sh; NAME: the folder under $OUT
     name=${NAME:-bench-cuda}
     if [ "${BUILD:-build}" != build ]; then vulkan_loader; fi
-    python3 -m spbuild.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
+    python3 -m spbuild.measuring.bench measure --bin "$W/${BUILD:-build}/bin" --target "$W/target.gguf" --draft "$W/draft.gguf" \
         --sizes "$2" --p "${P:-0.1,0.3}" --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 --no-plots --out "$OUT/$name" \
         --server-args "-ngl 99 -fa on -b 4096 -ub 1024 ${EXTRA_SERVER_ARGS:-}" ${EXTRA_BENCH_ARGS:-} \
         > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; exit 1; }
@@ -75,7 +75,7 @@ eval)
     else
         models=(--target "$W/gemma.gguf")
     fi
-    python3 -m spbuild.eval_cli --bin "$W/build/bin" "${models[@]}" --source-tree "$W/src" --lengths "$2" \
+    python3 -m spbuild.measuring.eval_cli --bin "$W/build/bin" "${models[@]}" --source-tree "$W/src" --lengths "$2" \
         --depths 0.1,0.5,0.9 --p 0.1,0.2,0.3 --window 0,2048,4096 --no-plots \
         --server-args "-ngl 99 -nglpd 99 -fa on ${EXTRA_SERVER_ARGS:-}" --out "$OUT/$3" "${@:4}" \
         > "$OUT/$3.log" 2>&1 || { tail -20 "$OUT/$3.log"; exit 1; }

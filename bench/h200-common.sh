@@ -29,7 +29,7 @@ toolchain_defines() {
     PYTHONPATH=$PWD/orchestrator python3 - "$1" <<'EOF'
 import sys
 from pathlib import Path
-from spbuild import vulkan_toolchain as vt
+from spbuild.building import vulkan_toolchain as vt
 w = Path(sys.argv[1])
 choice = vt.choose("toolchain", w / "src", w / "workdir" / "toolchain")
 print(choice.summary(), file=sys.stderr)

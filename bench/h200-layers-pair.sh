@@ -29,7 +29,7 @@ chain)
     pair=(--target "$W/qwen2.5-coder-1.5b-instruct.gguf" --draft "$W/qwen2.5-coder-0.5b-instruct.gguf")
     step "pair evals"
     run_eval() {  # NAME LENGTHS WINDOW ARGS...: one eval into $O/NAME, its log beside it
-        python3 -m spbuild.eval_cli --bin "$W/build/bin" "${pair[@]}" --source-tree "$W/src" --lengths "$2" \
+        python3 -m spbuild.measuring.eval_cli --bin "$W/build/bin" "${pair[@]}" --source-tree "$W/src" --lengths "$2" \
             --depths 0.1,0.5,0.9 --p 0.3 --window "$3" --seeds 1 --no-plots "${@:4}" \
             --server-args "-ngl 99 -nglpd 99 -fa on" --out "$O/$1" > "$O/$1.log" 2>&1 || step "$1 failed"
         step "$1 done"

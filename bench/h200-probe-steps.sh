@@ -14,7 +14,7 @@ rm -rf "$W/src" "$W/build" && unpack_tree "$W/src"
 cmake -S "$W/src" -B "$W/build" "${CM[@]}" > "$W/configure.log" 2>&1
 cmake --build "$W/build" --target llama-specprefill llama-bench -j 16 > "$W/build.log" 2>&1 || { tail -30 "$W/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
-python3 -m spbuild.bench make-model --tree "$W/src" --shape 1.5b --ctx 65536 "$W/draft.gguf" > /dev/null 2>&1
+python3 -m spbuild.measuring.bench make-model --tree "$W/src" --shape 1.5b --ctx 65536 "$W/draft.gguf" > /dev/null 2>&1
 echo "model at $(( $(date +%s) - t0 )) s"
 B=$W/build/bin
 for d in 8192 32768; do
@@ -25,7 +25,7 @@ for d in 8192 32768; do
 done
 run() {  # name, env, extra server args
   local name=$1; shift; local envs=$1; shift
-  env $envs python3 -m spbuild.bench measure --via tool --bin "$B" --target "$W/draft.gguf" --draft "$W/draft.gguf" \
+  env $envs python3 -m spbuild.measuring.bench measure --via tool --bin "$B" --target "$W/draft.gguf" --draft "$W/draft.gguf" \
       --sizes 8192,32768 --p 0.1 --window 0 --repeat 3 --warmup 1 --no-plots \
       --server-args "-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on $*" --draft-args "" --out "$W/$name" > "$W/$name.log" 2>&1 || { echo "$name failed"; tail -5 "$W/$name.log"; }
   python3 - "$name" "$W/$name/results.json" <<'PY' || true

@@ -36,8 +36,8 @@ build)
     "$W/vk-trixie/bin/llama-bench" --list-devices 2>&1 | grep -i -E "vulkan|matrix" | head -4
     ;;
 models)
-    python3 -m spbuild.bench make-model --tree "$W/src" --shape 8b --ctx 262144 "$W/target.gguf" &
-    python3 -m spbuild.bench make-model --tree "$W/src" --shape 1.5b --ctx 262144 "$W/draft.gguf"
+    python3 -m spbuild.measuring.bench make-model --tree "$W/src" --shape 8b --ctx 262144 "$W/target.gguf" &
+    python3 -m spbuild.measuring.bench make-model --tree "$W/src" --shape 1.5b --ctx 262144 "$W/draft.gguf"
     wait
     ;;
 steps)
@@ -49,7 +49,7 @@ steps)
             > "$OUT/decode-$b.json" 2> "$OUT/steps-$b/decode.log" || echo "$b: llama-bench failed"
         python3 -c "import json,sys; [print(sys.argv[1], 'decode at depth', r['n_depth'], round(1e3/r['avg_ts'], 2), 'ms/token') for r in json.load(open(sys.argv[2]))]" \
             "$b" "$OUT/decode-$b.json" || true
-        python3 -m spbuild.bench measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
+        python3 -m spbuild.measuring.bench measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
             --draft "$W/draft.gguf" --sizes "${SIZES:-32768}" --p 0.1 --window "${WINDOW:-0,8192}" --repeat 3 --warmup 1 \
             --no-plots --server-args "-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on" --draft-args "" --out "$OUT/steps-$b" \
             > "$OUT/steps-$b.log" 2>&1 || echo "$b: bench.py measure failed"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "orchestrator"))
-from spbuild.bench import ServerLeg, make_prompt, stream_ttft  # noqa: E402
+from spbuild.measuring.bench import ServerLeg, make_prompt, stream_ttft  # noqa: E402
 
 W = Path("/tmp/spbench-eval")
 N = 131072

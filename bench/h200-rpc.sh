@@ -10,7 +10,7 @@ set -euo pipefail
 W=/tmp/sprpc
 source bench/h200-common.sh
 CM+=(-DGGML_RPC=ON)
-MK=(python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --ctx 40960)
+MK=(python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/src" --ctx 40960)
 case "$1" in
 build)
     rm -rf "$W" && unpack_tree "$W/src"

@@ -20,12 +20,12 @@ build)
     cmake --build "$W/plain/build" --target llama-server -j 6 > "$W/build-plain.log" 2>&1
     wait
     ls -la "$W/patched/build/bin" "$W/plain/build/bin" | grep -E "llama-(server|specprefill)"
-    python3 orchestrator/spbuild/bench.py make-model --tree "$W/patched" --shape 8b "$W/target.gguf"
-    python3 orchestrator/spbuild/bench.py make-model --tree "$W/patched" --shape 1.5b "$W/draft.gguf"
+    python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/patched" --shape 8b "$W/target.gguf"
+    python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/patched" --shape 1.5b "$W/draft.gguf"
     ;;
 run)
     # the patched server, spec prefill on and off per request; the unpatched build's server is not part of this run
-    python3 orchestrator/spbuild/bench.py measure --bin "$W/patched/build/bin" --target "$W/target.gguf" \
+    python3 orchestrator/spbuild/measuring/bench.py measure --bin "$W/patched/build/bin" --target "$W/target.gguf" \
         --draft "$W/draft.gguf" --sizes "$2" --p 0.1 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
         --out "$OUT/bench"
     ;;

@@ -10,7 +10,7 @@
 set -euo pipefail
 W=/tmp/spdec
 source bench/h200-common.sh
-MK=(python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --ctx 32768)
+MK=(python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/src" --ctx 32768)
 case "$1" in
 build)
     rm -rf "$W" && unpack_tree "$W/src"
@@ -26,7 +26,7 @@ build)
     ls -la "$W/build/bin/llama-server" "$W"/*.gguf
     ;;
 run)
-    python3 orchestrator/spbuild/bench.py spec-decoding --bin "$W/build/bin" --target "$W/target.gguf" \
+    python3 orchestrator/spbuild/measuring/bench.py spec-decoding --bin "$W/build/bin" --target "$W/target.gguf" \
         --prefill-draft "$W/draft.gguf" --draft "$W/draft.gguf" --eagle3 "$W/eagle3.gguf" --dflash "$W/dflash.gguf" \
         --dspark "$W/dspark.gguf" --mtp-target "$W/mtp-target.gguf" --sizes "$2" --p 0.1 --n-predict 128 \
         --server-args "-ngl 99 -nglpd 99 -ngld 99 -fa on -b 4096 -ub 1024" --out "$OUT/bench"

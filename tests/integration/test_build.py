@@ -80,7 +80,7 @@ def test_the_vulkan_build_records_its_glslc_and_that_glslc_compiles_the_probes(b
     compiles ggml's probe shaders as the record says, and the record's fast paths are what it compiled in."""
     if build.record.backend != "vulkan":
         pytest.skip(f"a {build.record.backend} build has no Vulkan backend")
-    from spbuild import vulkan_toolchain
+    from spbuild.building import vulkan_toolchain
 
     chosen = build.record.glslc
     assert chosen is not None and chosen["origin"] in ("system", "toolchain", "given")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import bench, eval_cli
+from spbuild.measuring import bench, eval_cli
 
 pytestmark = pytest.mark.build
 
@@ -211,7 +211,7 @@ def test_bench_measures_layer_counts_and_the_target_scoring_itself_side_by_side(
 
 
 def test_bench_module_runs_without_a_workspace(build, bpe_models, tmp_path):
-    """`python -m spbuild.bench measure --bin`: the form a bare GPU machine runs."""
+    """`python -m spbuild.measuring.bench measure --bin`: the form a bare GPU machine runs."""
     build.binary("llama-bench")
     code = bench.main(["measure", "--bin", str(build.bin_dir), "--target", str(bpe_models["target"]), "--draft",
                        str(bpe_models["draft"]), "--sizes", "1024", "--p", "0.3", "--window", "0", "--repeat", "1",

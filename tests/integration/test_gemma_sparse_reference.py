@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gemma_reference import Gemma3
-from spbuild import tasks
+from spbuild.measuring import tasks
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ def reference(gemma, source_tree) -> Gemma3:
 
 @pytest.fixture(scope="module")
 def gemma_server(build, gemma, tmp_path_factory):
-    from spbuild.server import ServerProcess
+    from spbuild.measuring.server import ServerProcess
 
     server = ServerProcess(build.binary("llama-server"), [
         "-m", gemma, "-mpd", gemma, "--spec-prefill", "-c", "4096", "-np", "1", "--device", "none",

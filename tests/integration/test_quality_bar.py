@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from spbuild import evaluate, reports, tasks
+from spbuild.measuring import evaluate, reports, tasks
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 

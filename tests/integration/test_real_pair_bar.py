@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import evaluate, real_models, reports, tasks, tool_eval
 from spbuild.errors import SpbuildError
+from spbuild.measuring import evaluate, real_models, reports, tasks, tool_eval
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 

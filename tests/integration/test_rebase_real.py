@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from spbuild import rebase, snapshots, sources
-from spbuild.pin import load_pin
 from spbuild.project import Project, Workspace
-from spbuild.sdist import download_sdist
+from spbuild.tree import snapshots, sources
+from spbuild.tree.pin import load_pin
+from spbuild.tree.sdist import download_sdist
+from spbuild.upstream import rebase
 
 pytestmark = pytest.mark.slow
 OLDER = 11311

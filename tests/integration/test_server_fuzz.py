@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import ServerProcess
-from spbuild.bench import make_prompt as words
+from spbuild.measuring.bench import make_prompt as words
 
 pytestmark = pytest.mark.build
 

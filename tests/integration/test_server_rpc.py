@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from spbuild.bench import make_prompt as words
-from spbuild.cmake import rpc_server_target
-from spbuild.server import free_port
+from spbuild.building.cmake import rpc_server_target
+from spbuild.measuring.bench import make_prompt as words
+from spbuild.measuring.server import free_port
 
 pytestmark = pytest.mark.build
 

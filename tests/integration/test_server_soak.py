@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from spbuild.bench import make_prompt as words
+from spbuild.measuring.bench import make_prompt as words
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 

@@ -3,7 +3,7 @@
 The target verifies every drafted token, so a draft that mirrors the sparse prompt can lower acceptance but never change
 the output: at temperature 0 the tokens with spec prefill and spec decoding must equal those with spec prefill alone,
 for every type, prompt length, slot layout and multi-turn reuse. The models are tiny random GGUFs made at test time
-(spbuild.models) with the llama-bpe vocabulary; everything runs on the CPU backend."""
+(spbuild.measuring.models) with the llama-bpe vocabulary; everything runs on the CPU backend."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 # about n tokens of text: common words the llama-bpe tokenizer keeps whole
-from spbuild.bench import make_prompt as words
+from spbuild.measuring.bench import make_prompt as words
 
 pytestmark = pytest.mark.build
 

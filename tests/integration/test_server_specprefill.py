@@ -19,8 +19,8 @@ import requests
 from harness import BREAK_EVEN_ENV
 
 # about n tokens of text: common words the llama-bpe tokenizer keeps whole
-from spbuild import tasks
-from spbuild.bench import make_prompt as words
+from spbuild.measuring import tasks
+from spbuild.measuring.bench import make_prompt as words
 
 pytestmark = pytest.mark.build
 

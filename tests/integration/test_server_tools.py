@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spbuild.bench import make_prompt as words
+from spbuild.measuring.bench import make_prompt as words
 
 from test_server_specprefill import complete, spec, spec_args
 

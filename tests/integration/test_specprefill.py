@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from spbuild import bench
+from spbuild.measuring import bench
 
 from harness import TINY_ARCHS, lavapipe_available, words_prompt
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from spbuild import bench
+from spbuild.measuring import bench
 
 from harness import TINY_ARCHS
 from test_specprefill import CPU, assert_kv_is_kept_plus_generated, run_tool

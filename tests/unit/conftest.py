@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import patches as sp_patches
-from spbuild import sources
-from spbuild.pin import Pin, PypiMirror
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches as sp_patches
+from spbuild.tree import sources
+from spbuild.tree.pin import Pin, PypiMirror
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

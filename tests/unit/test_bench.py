@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import bench, reports
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import Setting
+from spbuild.measuring import bench, reports
+from spbuild.measuring.evaluate import Setting
 
 
 def _script(path: Path, text: str) -> Path:
@@ -121,7 +121,7 @@ def test_a_server_that_does_not_start_is_recorded_and_the_other_types_still_run(
 
 
 def test_bench_runs_as_a_plain_script_as_the_gpu_scripts_call_it(tmp_path):
-    """bench/results/h200-*.sh run `python3 orchestrator/spbuild/bench.py ...` on a machine without the package installed:
+    """bench/results/h200-*.sh run `python3 orchestrator/spbuild/measuring/bench.py ...` on a machine without the package installed:
     the package's own modules (bisect, stats) must not shadow the standard library's there."""
     import os
     import subprocess

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from spbuild import patches
-from spbuild.build import BuildRecord, find_build, first_error
+from spbuild.building.build import BuildRecord, find_build, first_error
 from spbuild.cli import main
 from spbuild.errors import SpbuildError
+from spbuild.tree import patches
 
 # --- argument errors ----------------------------------------------------------------------------------------
 

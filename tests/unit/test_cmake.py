@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import cmake
-from spbuild.cmake import BuildConfig, cmake_defines, default_targets, parse_define
+from spbuild.building import cmake
+from spbuild.building.cmake import BuildConfig, cmake_defines, default_targets, parse_define
 from spbuild.errors import SpbuildError
 
 BACKEND_SWITCH = {

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import doctor, vulkan_toolchain
-from spbuild.doctor import FAIL, OK, WARN, Check
+from spbuild.building import doctor, vulkan_toolchain
+from spbuild.building.doctor import FAIL, OK, WARN, Check
 
 SYSTEM_GLSLC = "/usr/bin/glslc"
 needs_glslc = pytest.mark.skipif(not Path(SYSTEM_GLSLC).is_file(), reason="glslc is not installed here")

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spbuild import eval_cli, evaluate, reports, tasks
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import Answer, Setting
-from spbuild.server import ServerProcess, refuse_own_address
-from spbuild.stats import Rate, Spread, rate
+from spbuild.measuring import eval_cli, evaluate, reports, tasks
+from spbuild.measuring.evaluate import Answer, Setting
+from spbuild.measuring.server import ServerProcess, refuse_own_address
+from spbuild.measuring.stats import Rate, Spread, rate
 
 
 def test_settings_name_themselves_and_speak_both_interfaces():

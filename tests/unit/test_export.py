@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import patches, sources
 from spbuild.errors import SpbuildError
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches, sources
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from spbuild import doctor, install
+from spbuild.building import doctor, install
 
 
 def report(*checks: tuple[str, str, str | None]) -> doctor.Report:

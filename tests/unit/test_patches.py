@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from spbuild import patches, sources
 from spbuild.errors import PatchConflict, SpbuildError
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches, sources
 
 
 def head(h, tree) -> str:

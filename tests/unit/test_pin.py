@@ -3,9 +3,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from spbuild import snapshots
 from spbuild.errors import SpbuildError
-from spbuild.pin import Pin, load_pin, parse_pin, pin_text
+from spbuild.tree import snapshots
+from spbuild.tree.pin import Pin, load_pin, parse_pin, pin_text
 
 GOOD = """
 [upstream]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import real_models, source_tasks, tasks
 from spbuild.errors import VerificationError
+from spbuild.measuring import real_models, source_tasks, tasks
 
 
 def _gguf(path: Path, name: str) -> Path:

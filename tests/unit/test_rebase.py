@@ -10,9 +10,11 @@ from pathlib import Path
 
 import git
 import pytest
-from spbuild import bisect, cmake, patches, rebase, sources
+from spbuild.building import cmake
 from spbuild.errors import SpbuildError
-from spbuild.pin import Pin, load_pin
+from spbuild.tree import patches, sources
+from spbuild.tree.pin import Pin, load_pin
+from spbuild.upstream import bisect, rebase
 
 NO_BUILD = rebase.RebaseOptions(build=False)
 
@@ -257,7 +259,7 @@ def test_cli_rebase_exit_codes_and_status(h, up, setup, workspace, capsys):
 
 
 def test_health_counts_upstream_lines_but_not_new_files(h, upstream, tmp_path):
-    from spbuild import health
+    from spbuild.upstream import health
 
     pin = Pin(url=str(upstream.path), commit=upstream.c1, pypi=None)
     new_file = ("add a file", [("common/added.cpp", "", "one\ntwo\n")])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spbuild import _selection as sel
-from spbuild import evaluate
+from spbuild.measuring import evaluate
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # the draft's own flags, written by hand beside the table's

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import git
 import pytest
-from spbuild import bisect, patches, rebase, snapshots, sources
 from spbuild.errors import SourceError, VerificationError
-from spbuild.pin import Pin, parse_pin, pin_text
 from spbuild.project import Workspace
-from spbuild.sdist import sha256_of
+from spbuild.tree import patches, snapshots, sources
+from spbuild.tree.pin import Pin, parse_pin, pin_text
+from spbuild.tree.sdist import sha256_of
+from spbuild.upstream import bisect, rebase
 
 
 def make_bin_sdist(tree: Path, where: Path, build: int) -> Path:

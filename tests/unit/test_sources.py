@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from spbuild import sources
 from spbuild.errors import SourceError, SpbuildError, VerificationError
-from spbuild.pin import Pin
 from spbuild.project import Workspace
+from spbuild.tree import sources
+from spbuild.tree.pin import Pin
 
 
 def head(h, tree) -> str:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spbuild import tasks
+from spbuild.measuring import tasks
 
 kinds = st.sampled_from(tasks.KINDS)
 fillers = st.sampled_from(tasks.FILLERS)

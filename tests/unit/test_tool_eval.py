@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spbuild import tool_eval, tool_tasks
+from spbuild.measuring import tool_eval, tool_tasks
 
 
 def _tree(root: Path) -> Path:

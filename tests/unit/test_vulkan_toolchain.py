@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from spbuild import vulkan_toolchain as vt
+from spbuild.building import vulkan_toolchain as vt
 from spbuild.errors import ToolMissing
 
 PROBES = {

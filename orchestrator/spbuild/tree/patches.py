@@ -19,8 +19,8 @@ from pathlib import Path
 import git
 
 from spbuild.errors import OverlayCollision, PatchConflict, SpbuildError
-from spbuild.pin import Pin
 from spbuild.project import Project
+from spbuild.tree.pin import Pin
 
 BRANCH = "spbuild"
 OVERLAY_SUBJECT = "spbuild: cpp/ overlay"

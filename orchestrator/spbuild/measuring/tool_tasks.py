@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from spbuild import source_tasks
+from spbuild.measuring import source_tasks
 
 INTENTS = ("value", "file")
 MAX_READ_CHARS = 6000  # a read returns a file's first lines up to this size, as agents' read tools cap their output

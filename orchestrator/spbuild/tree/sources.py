@@ -17,12 +17,12 @@ from pathlib import Path
 import git
 import requests
 
-from spbuild import snapshots
 from spbuild.console import info, warn
 from spbuild.errors import SourceError, VerificationError
-from spbuild.pin import Pin, PypiMirror
 from spbuild.project import Workspace
-from spbuild.sdist import download_sdist, extract_safely, verify_sdist
+from spbuild.tree import snapshots
+from spbuild.tree.pin import Pin, PypiMirror
+from spbuild.tree.sdist import download_sdist, extract_safely, verify_sdist
 
 FETCH_RECORD = "spbuild-fetch.json"
 _GIT_TIMEOUT_S = 900

@@ -1,6 +1,6 @@
 """`spbuild eval`'s options and the run they describe: the cases made, one server per scorer, the reports written
-(the engine, the settings and the backends, is spbuild.evaluate; the tools kind's, spbuild.tool_eval). Also
-`python -m spbuild.eval_cli --bin BUILD/bin ...` where only the build's bin/ folder is there (the H200 scripts)."""
+(the engine, the settings and the backends, is spbuild.measuring.evaluate; the tools kind's, spbuild.measuring.tool_eval). Also
+`python -m spbuild.measuring.eval_cli --bin BUILD/bin ...` where only the build's bin/ folder is there (the H200 scripts)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from spbuild import real_models, reports, tasks, tool_eval
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import (
+from spbuild.measuring import real_models, reports, tasks, tool_eval
+from spbuild.measuring.evaluate import (
     SCORERS,
     SELF,
     VARIANT_FIELDS,
@@ -30,13 +30,13 @@ from spbuild.evaluate import (
     windows,
     with_layers,
 )
-from spbuild.server import refuse_own_address
+from spbuild.measuring.server import refuse_own_address
 
-TOOLS_KIND = "tools"  # the tools eval (spbuild.tool_eval): runs alone, through the server's chat endpoint
+TOOLS_KIND = "tools"  # the tools eval (spbuild.measuring.tool_eval): runs alone, through the server's chat endpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`spbuild eval`'s options (also `python -m spbuild.eval_cli`, with --bin)."""
+    """`spbuild eval`'s options (also `python -m spbuild.measuring.eval_cli`, with --bin)."""
     parser.add_argument("--via", choices=("server", "tool"), default="server",
                         help="through llama-server over HTTP (default: one process for every case) or llama-specprefill")
     parser.add_argument("--pair", choices=sorted(real_models.PAIRS), default="gemma",
@@ -194,7 +194,7 @@ def default_source_tree() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spbuild.eval_cli", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m spbuild.measuring.eval_cli", description=__doc__.splitlines()[0])
     parser.add_argument("--bin", type=Path, required=True, help="the build's bin/ folder")
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import git
 
-from spbuild import build as sp_build
-from spbuild import cmake, health, patches, snapshots, sources
+from spbuild.building import build as sp_build
+from spbuild.building import cmake
 from spbuild.console import info, log_path, warn
+from spbuild.tree import patches, snapshots, sources
+from spbuild.upstream import health
 from spbuild.errors import (
     BuildError,
     OverlayCollision,
@@ -33,8 +35,8 @@ from spbuild.errors import (
     SpbuildError,
     VerificationError,
 )
-from spbuild.pin import Pin, pin_text
 from spbuild.project import Project, Workspace
+from spbuild.tree.pin import Pin, pin_text
 
 BRANCH = "spbuild-rebase"
 STATE_FILE = "spbuild-rebase.json"
@@ -432,7 +434,7 @@ def start(project: Project, workspace: Workspace, pin: Pin, onto: str, options: 
 
 
 def resume(project: Project, workspace: Workspace, options: RebaseOptions) -> RebaseReport:
-    from spbuild.pin import parse_pin
+    from spbuild.tree.pin import parse_pin
 
     started = time.monotonic()
     state = in_progress(workspace)
@@ -640,7 +642,7 @@ def _test(project: Project, workspace: Workspace, build_dir: Path, options: Reba
 
 def _move_pin(project: Project, workspace: Workspace, target: Pin, tree: git.Repo) -> None:
     """pin.toml and patches/ (and cpp/, where the overlay commit was amended) from the rebased branch."""
-    from spbuild.pin import load_pin
+    from spbuild.tree.pin import load_pin
 
     if target.pypi is None:
         warn(f"the new pin {target.label} names no PyPI sdist: `spbuild fetch` will need git (or a mirror) for it")

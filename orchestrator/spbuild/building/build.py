@@ -10,11 +10,12 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from spbuild import cmake, doctor, install, patches, sources, toolchain, vulkan_toolchain
+from spbuild.building import cmake, doctor, install, toolchain, vulkan_toolchain
 from spbuild.console import console, info, log_path, run_logged, warn
 from spbuild.errors import BuildError, SpbuildError, ToolMissing
-from spbuild.pin import Pin
 from spbuild.project import Project, Workspace
+from spbuild.tree import patches, sources
+from spbuild.tree.pin import Pin
 
 BUILD_RECORD = "spbuild-build.json"
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spbuild import source_tasks
-from spbuild.source_tasks import SOURCE_FILLER, SOURCE_KINDS
+from spbuild.measuring import source_tasks
+from spbuild.measuring.source_tasks import SOURCE_FILLER, SOURCE_KINDS
 
 # generated kinds, hidden in generated filler; and the kinds of real text (source_tasks), which bring their own
 KINDS = ("needle", "multikey", "multihop", "distributed", "temporal", "vartrack")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spbuild import toolchain, vulkan_toolchain
+from spbuild.building import toolchain, vulkan_toolchain
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from spbuild import tasks
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import CONTEXT_TOKENS, TAIL_TOKENS
-from spbuild.stats import Rate, rate
+from spbuild.measuring import tasks
+from spbuild.measuring.evaluate import CONTEXT_TOKENS, TAIL_TOKENS
+from spbuild.measuring.stats import Rate, rate
 
 # ---------------------------------------------------------------------------------------------------------------
 # eval
@@ -327,7 +327,7 @@ def write_complete(out_dir: Path, kind: str, meta: dict, rows: list[dict], plots
 
 
 def plain_progress(describe: Callable[[Any], str]) -> Callable[[int], Callable[[Any], None]]:
-    """Progress as numbered lines on stderr, for a machine without spbuild's console (python -m spbuild.bench)."""
+    """Progress as numbered lines on stderr, for a machine without spbuild's console (python -m spbuild.measuring.bench)."""
     def start(total: int) -> Callable[[Any], None]:
         done = 0
 

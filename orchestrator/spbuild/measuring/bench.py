@@ -8,7 +8,7 @@ draft's own flash-attention prefill by llama-bench, from which the bound follows
 the speedup if scoring cost no more than the draft's plain prefill. The same ratio with the draft prefill this run's
 scoring measured (of_bound_in_run) leaves out llama-bench's run-to-run spread (about 8% on an H200 at 8K), so it shows
 what the query steps and the rest of the scoring cost. Warm-up runs first, then repetitions; medians and spread. Also random-weight models of real shapes (`make-model`) and the speculative-decoding table
-(`spec-decoding`): `python -m spbuild.bench --help`.
+(`spec-decoding`): `python -m spbuild.measuring.bench --help`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 import sys
 
 if __package__ in (None, ""):
-    # run as a script on a bare GPU machine (python3 orchestrator/spbuild/bench.py ...): the package's folder replaces
+    # run as a script on a bare GPU machine (python3 orchestrator/spbuild/measuring/bench.py ...): the package's folder replaces
     # this file's, whose modules (bisect, stats) would shadow the standard library's
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
 import json
@@ -34,12 +34,12 @@ from pathlib import Path
 
 import requests
 
-from spbuild import reports
 from spbuild.errors import SpbuildError
-from spbuild.evaluate import SELF, Setting, numbers, scorers, status_of_tool, windows, with_layers
-from spbuild.models import KINDS, SHAPES, make
-from spbuild.server import ServerProcess, refuse_own_address
-from spbuild.stats import Spread
+from spbuild.measuring import reports
+from spbuild.measuring.evaluate import SELF, Setting, numbers, scorers, status_of_tool, windows, with_layers
+from spbuild.measuring.models import KINDS, SHAPES, make
+from spbuild.measuring.server import ServerProcess, refuse_own_address
+from spbuild.measuring.stats import Spread
 
 # common English words that the llama-bpe tokenizer keeps as single tokens, so N words make about N tokens
 WORDS = ("the of and to in is was for on that with as by at from his her they this are had not but have one "
@@ -369,7 +369,7 @@ def spec_decoding_markdown(rows: list[dict]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`spbuild bench`'s options (also `python -m spbuild.bench measure`, with --bin)."""
+    """`spbuild bench`'s options (also `python -m spbuild.measuring.bench measure`, with --bin)."""
     parser.add_argument("--via", choices=("server", "tool"), default="server",
                         help="measure through llama-server over HTTP (default) or llama-specprefill")
     parser.add_argument("--target", type=Path, help="target GGUF (default: a random model of --shapes' first shape)")
@@ -471,7 +471,7 @@ def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spbuild.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m spbuild.measuring.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ms = sub.add_parser("measure", help="as `spbuild bench`, with the build's bin/ folder given (for a machine "
                         "without a spbuild workspace)")
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     ms.add_argument("--tree", type=Path, help="the fetched llama.cpp tree, to make random models")
     ms.add_argument("--models", type=Path, default=Path("models"), help="where random models are made")
     add_arguments(ms)
-    mk = sub.add_parser("make-model", help="write a random-weight GGUF of a named shape (see spbuild.models)")
+    mk = sub.add_parser("make-model", help="write a random-weight GGUF of a named shape (see spbuild.measuring.models)")
     mk.add_argument("--tree", type=Path, required=True, help="the fetched llama.cpp tree (for gguf-py and the vocab)")
     mk.add_argument("--shape", choices=sorted(SHAPES), required=True, help="the model's shape, or its target's")
     mk.add_argument("--kind", choices=KINDS, default="llama",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import git
 
-from spbuild import patches
-from spbuild.pin import Pin
 from spbuild.project import Project
+from spbuild.tree import patches
+from spbuild.tree.pin import Pin
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 

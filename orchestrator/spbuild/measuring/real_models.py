@@ -191,10 +191,10 @@ PAIRS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m spbuild.real_models PAIR`: fetch a pair and print the target's and the draft's paths."""
+    """`python -m spbuild.measuring.real_models PAIR`: fetch a pair and print the target's and the draft's paths."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] not in PAIRS:
-        print(f"usage: python -m spbuild.real_models {{{','.join(PAIRS)}}}", file=sys.stderr)
+        print(f"usage: python -m spbuild.measuring.real_models {{{','.join(PAIRS)}}}", file=sys.stderr)
         return 2
     try:
         pair = PAIRS[args[0]]

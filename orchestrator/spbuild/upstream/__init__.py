@@ -1,0 +1,1 @@
+"""Following upstream: rebasing the series, bisecting where a patch broke, the series' health."""
