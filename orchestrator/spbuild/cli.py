@@ -167,14 +167,15 @@ def _written(files: list[Path], started: float) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _, workspace = _context(args)
-    bench.check_args(args)
+    request = bench.BenchRequest.from_args(args)
+    bench.check_args(request)
     bin_dir, build_name = _bin_dir(args, workspace)
-    target, draft = bench.models_for(args, workspace.models_dir, workspace.source_dir)
+    target, draft = bench.models_for(request, workspace.models_dir, workspace.source_dir)
     info(f"bench through {args.via} with the {build_name}: {target.name} scored by {draft.name}; logs in {args.out}")
     started = time.monotonic()
     progress, start = _progress("bench", str)
     with progress:
-        files = bench.measure(args, bin_dir, target, draft, start, {"build": build_name})
+        files = bench.measure(request, bin_dir, target, draft, start, {"build": build_name})
     console.print((args.out / "results.md").read_text(), markup=False)
     _written(files, started)
     return 0

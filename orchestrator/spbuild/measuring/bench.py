@@ -395,7 +395,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="tables only (plot later with `spbuild report DIR`)")
 
 
-def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) -> tuple[Path, Path]:
+@dataclass(frozen=True)
+class BenchRequest:
+    """What `spbuild bench` (or `python -m spbuild.measuring.bench measure`) asks for, past its parser."""
+    via: str = "server"
+    target: Path | None = None
+    draft: Path | None = None
+    shapes: str = "8b,1.5b"
+    sizes: str = "8192,32768"
+    p: str = "0.1,0.3"
+    window: str = "0,8192"
+    layers: str = "0"
+    scorers: str = "draft"
+    repeat: int = 3
+    warmup: int = 1
+    out: Path = Path("bench-out")
+    server_args: str = "-ngl 99 -fa on -b 4096 -ub 1024"
+    draft_args: str = "-nglpd 99"
+    bench_args: str = "-ngl 99 -b 4096 -ub 1024"
+    plots: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchRequest:
+        """The request add_arguments's options describe."""
+        return cls(via=args.via, target=args.target, draft=args.draft, shapes=args.shapes, sizes=args.sizes, p=args.p,
+                   window=args.window, layers=args.layers, scorers=args.scorers, repeat=args.repeat,
+                   warmup=args.warmup, out=args.out, server_args=args.server_args, draft_args=args.draft_args,
+                   bench_args=args.bench_args, plots=not args.no_plots)
+
+
+def models_for(args: BenchRequest, models_dir: Path, tree: Path | None) -> tuple[Path, Path]:
     """--target/--draft, or random-weight models of --shapes, made once (gguf-py of the fetched tree)."""
     if args.target and args.draft:
         return args.target, args.draft
@@ -414,13 +443,13 @@ def models_for(args: argparse.Namespace, models_dir: Path, tree: Path | None) ->
     return paths[0], paths[1]
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: BenchRequest) -> None:
     """What can be refused before models are made or fetched."""
     if args.via == "server":
         refuse_own_address(args.server_args.split())
 
 
-def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
+def measure(args: BenchRequest, bin_dir: Path, target: Path, draft: Path,
             progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
     """Run the bench the options describe and write its reports; returns the files written."""
     plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w, variant, scorer)
@@ -467,7 +496,7 @@ def measure(args: argparse.Namespace, bin_dir: Path, target: Path, draft: Path,
         for made in legs.values():
             made.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
-    return reports.write_complete(out_dir, "bench", meta, rows, plots=not args.no_plots)
+    return reports.write_complete(out_dir, "bench", meta, rows, plots=args.plots)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,9 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "measure":
         try:
-            check_args(args)
-            target, draft = models_for(args, args.models, args.tree)
-            for path in measure(args, args.bin, target, draft, reports.plain_progress(str)):
+            request = BenchRequest.from_args(args)
+            check_args(request)
+            target, draft = models_for(request, args.models, args.tree)
+            for path in measure(request, args.bin, target, draft, reports.plain_progress(str)):
                 print(path)
         except SpbuildError as err:
             print(f"error: {err}", file=sys.stderr)
