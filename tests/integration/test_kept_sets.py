@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from spbuild.measuring.evaluate import _ranges as ranges
+
 from harness import TINY_ARCHS, words_prompt
 
 pytestmark = pytest.mark.build
@@ -22,17 +24,6 @@ SETTINGS = {
     "mass-0.85": ("--spec-prefill-select", "mass", "--spec-prefill-mass", "0.85"),
     "keep-0.2-chunk-16-lines": ("--spec-prefill-p", "0.2", "--spec-prefill-chunk", "16", "--spec-prefill-chunk-lines"),
 }
-
-
-def ranges(positions: list[int]) -> list[list[int]]:
-    """Sorted positions as half-open [begin, end) runs."""
-    out: list[list[int]] = []
-    for p in positions:
-        if out and out[-1][1] == p:
-            out[-1][1] = p + 1
-        else:
-            out.append([p, p + 1])
-    return out
 
 
 def kept_sets(tool, tiny_models) -> dict[str, list[list[int]]]:
