@@ -132,7 +132,7 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
                SPBUILD_PROJECT=str(project.root), SPBUILD_TEST="1", **suite.sanitizer_env(record.sanitize))
     argv = [sys.executable, "-m", "pytest", *suite.pytest_args(project.root, fast=args.fast, extra=pytest_args,
                                                                sanitize=bool(record.sanitize))]
-    return subprocess.run(argv, cwd=project.root, env=env).returncode
+    return subprocess.run(argv, check=False, cwd=project.root, env=env).returncode
 
 
 def _bin_dir(args: argparse.Namespace, workspace: Workspace) -> tuple[Path, str]:
@@ -188,7 +188,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.monotonic()
     progress, start = _progress("eval", eval_cli.describe_row)
     with progress:
-        files = eval_cli.evaluate(args, bin_dir, start)
+        files = eval_cli.evaluate(eval_cli.EvalRequest.from_args(args), bin_dir, start)
     if files[0].name == "tools.json":
         summary = (args.out / "tools.md").read_text()
     else:

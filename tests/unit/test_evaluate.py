@@ -3,6 +3,8 @@ run going on past failures, the statistics, and the report writers (tables, plot
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import math
 
@@ -251,3 +253,15 @@ def test_an_address_in_the_server_args_is_refused_before_anything_runs(tmp_path,
     with pytest.raises(SpbuildError, match="the harness starts llama-server"):
         ServerProcess(tmp_path / "llama-server", server_args.split())
     refuse_own_address(["-ngl", "99", "--portable"])  # a flag that only starts like one is fine
+
+
+def test_the_eval_request_holds_every_option_and_its_defaults_are_the_parsers():
+    # the modules below the CLI take an EvalRequest: an option the request lacks would be parsed and never reach them
+    parser = argparse.ArgumentParser()
+    eval_cli.add_arguments(parser)
+    fields = {f.name for f in dataclasses.fields(eval_cli.EvalRequest)}
+    options = {a.dest for a in parser._actions if a.dest != "help"}
+    assert options - {"no_plots"} == fields - {"plots"}
+    assert eval_cli.EvalRequest.from_args(parser.parse_args([])) == eval_cli.EvalRequest()
+    request = eval_cli.EvalRequest.from_args(parser.parse_args(["--no-plots", "--turns", "2", "--p", "0.5"]))
+    assert (request.plots, request.turns, request.p) == (False, "2", "0.5")
