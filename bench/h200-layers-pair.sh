@@ -48,6 +48,9 @@ chain)
         step "random 128K, self"
         OUT=$O NAME=self-128k P=0.1 WINDOW=8192 EXTRA_BENCH_ARGS="--layers 4,8 --scorers self" \
             bash bench/h200-bench-eval.sh bench 131072 > /dev/null || step "128K failed"
+        step "random 128K, the draft's whole depth (the same machine's reference)"
+        OUT=$O NAME=draft-128k P=0.1 WINDOW=8192 bash bench/h200-bench-eval.sh bench 131072 > /dev/null ||
+            step "128K draft failed"
     fi
     step done
     ;;
