@@ -8,6 +8,8 @@ target_sources(${TARGET} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-graph.cpp
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-graph.h
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-params.h
+    ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-plan.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-plan.h
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-select.h
     ${CMAKE_CURRENT_LIST_DIR}/spec-prefill-settings.cpp

@@ -1,5 +1,6 @@
 #include "spec-prefill.h"
 #include "spec-prefill-graph.h"
+#include "spec-prefill-plan.h"
 #include "spec-prefill-settings.h"
 
 #include "log.h"
@@ -15,22 +16,6 @@
 #include <numeric>
 #include <string>
 #include <vector>
-
-// every window after the first also starts with the prompt's first tokens: they take the attention-sink role BOS
-// plays for the first window, so the window's own first tokens are not mistaken for important ones
-static constexpr int32_t SPEC_PREFILL_N_SINK = 4;
-// every window but the last also ends with the prompt's last tokens (the question), so its lookahead rows look for
-// what the question needs
-static constexpr int32_t SPEC_PREFILL_N_QUESTION_MIN = 256;
-// a context prepared for full-prompt scoring also has room for a request's windows of this size in one round
-// (docs/benchmarks.md: 8K windows are the fastest at 128K): every window adds a sink, the question and the lookahead,
-// on llama.cpp's 256-cell grid, about 6% more cells (a 128K slot's 17 windows side by side instead of 16)
-static constexpr int32_t SPEC_PREFILL_WINDOW_PREPARED = 8192;
-// window 0 (automatic) scores prompts of more new tokens than this in windows of SPEC_PREFILL_WINDOW_PREPARED: on the
-// real Qwen2.5-Coder 0.5B -> 1.5B pair at 30K, 8K windows kept as many right answers as full-prompt scoring (38 of 39)
-// and on the H200 gave 2.62x TTFT at 32K and 5.17x at 128K, against 2.06x and 2.31x (docs/quality.md); at 16K they kept
-// one fewer (40 of 42) for a small saving. A window at least as long as the prompt scores it whole.
-static constexpr int32_t SPEC_PREFILL_WINDOW_AUTO_ABOVE = 16384;
 
 // the scoring graph's groups of layers: 64 MiB of weights is every layer of a 1.5B draft at 32K cells, a third of
 // them at 128K; the graph's memory is a few times that
@@ -738,7 +723,8 @@ common_spec_prefill * common_spec_prefill_init(const common_params & params, con
         common_spec_prefill_free(sp);
         return nullptr;
     }
-    const int32_t n_window_fit = sp->n_ctx_max - SPEC_PREFILL_N_SINK - common_spec_prefill_lookahead_max(spp.lookahead);
+    const int32_t n_window_fit = sp->n_ctx_max - COMMON_SPEC_PREFILL_N_SINK -
+            common_spec_prefill_lookahead_max(spp.lookahead);
     if (spp.window > n_window_fit) {
         LOG_WRN("%s: windows of %d tokens do not fit the draft context of %d cells: a prompt that needs more is "
                 "scored in windows of what fits\n", __func__, spp.window, sp->n_ctx_max);
@@ -797,105 +783,29 @@ static std::vector<uint8_t> spec_prefill_line_ends(common_spec_prefill * sp, con
 }
 
 //
-// planning: windows, and the context shape they need
+// planning: windows, and the context shape they need (the pure part is spec-prefill-plan.cpp)
 //
 
-struct spec_prefill_window_seq {
-    int32_t begin; // the window's own tokens: prompt[begin, end)
-    int32_t end;
-    std::vector<llama_token> tokens; // sink prefix + own tokens + question
-    int32_t key0;  // index of the first own token in `tokens`
-};
-
-struct spec_prefill_plan {
-    std::vector<spec_prefill_window_seq> windows;
-    int32_t n_seq   = 1; // windows per round
-    int32_t n_cells = 0; // cells per sequence
-};
-
-// the reused prefix a request names, within the prompt: at least its last token is scored
-static int32_t spec_prefill_n_past(const common_spec_prefill_request & req, int32_t n_prompt) {
-    return std::max(0, std::min(req.n_past, n_prompt - 1));
+// the draft context as planning sees it: its limits, and its shape now (read at each plan: a reshape changes it)
+static common_spec_prefill_shape spec_prefill_shape(const common_spec_prefill * sp) {
+    common_spec_prefill_shape shape;
+    shape.n_ctx_max     = sp->n_ctx_max;
+    shape.fixed_size    = sp->fixed_size;
+    shape.fixed_n_seq   = sp->fixed_n_seq;
+    shape.fixed_n_cells = sp->fixed_n_cells;
+    shape.ctx_n_seq     = sp->ctx_n_seq;
+    shape.ctx_n_cells   = sp->ctx_n_cells;
+    shape.reshape_off   = sp->reshape_off;
+    // a query step holds one token per window in one ubatch
+    shape.n_seq_max     = std::max<int32_t>(1, std::min<int32_t>((int32_t) llama_max_parallel_sequences(),
+            sp->n_ubatch));
+    shape.n_look_max    = common_spec_prefill_lookahead_max(sp->params.lookahead);
+    return shape;
 }
 
-// the cells of the prepared context, all its sequences together: what a reshape shares out
-static int32_t spec_prefill_fixed_cells(const common_spec_prefill * sp) {
-    return sp->fixed_n_seq*sp->fixed_n_cells;
-}
-
-// the most windows scored side by side: a query step holds one token per window in one ubatch
-static int32_t spec_prefill_n_seq_max(const common_spec_prefill * sp) {
-    return std::max<int32_t>(1, std::min<int32_t>((int32_t) llama_max_parallel_sequences(), sp->n_ubatch));
-}
-
-// the windows of prompt[req.n_past, N): each window's sequence is the prompt's first tokens (a sink), for the first
-// window of a continuation as much of the context before n_past as fits, the window's own tokens, and for all but the
-// last window the prompt's end (the question). Planned to fit the prepared context when there is one.
-static spec_prefill_plan spec_prefill_make_plan(const common_spec_prefill * sp, const llama_tokens & prompt,
-        const common_spec_prefill_request & req) {
-    const int32_t n_prompt   = (int32_t) prompt.size();
-    const int32_t n_past     = spec_prefill_n_past(req, n_prompt);
-    const int32_t n_new      = n_prompt - n_past;
-    const int32_t n_look     = common_spec_prefill_lookahead_max(sp->params.lookahead); // room, not use
-    const int32_t n_question = std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last);
-    const int32_t n_sink0    = n_past > 0 ? std::min(SPEC_PREFILL_N_SINK, n_past) : 0;
-
-    // cells one sequence may have
-    const int32_t budget = sp->fixed_size ? sp->fixed_n_cells : sp->n_ctx_max;
-    // the largest window whose sequence (sink + window + question + lookahead) fits
-    const int32_t window_max = std::max(256, budget - SPEC_PREFILL_N_SINK - n_question - n_look);
-
-    int32_t window = req.window;
-    if (window <= 0 && n_new > SPEC_PREFILL_WINDOW_AUTO_ABOVE) {
-        window = SPEC_PREFILL_WINDOW_PREPARED;
-    }
-    if (n_sink0 + n_new + n_look > budget) {
-        window = window > 0 ? std::min(window, window_max) : window_max;
-    }
-
-    spec_prefill_plan plan;
-    const auto spans = common_spec_prefill_plan_windows(n_new, window);
-    for (size_t w = 0; w < spans.size(); ++w) {
-        spec_prefill_window_seq seq;
-        seq.begin = n_past + spans[w].begin;
-        seq.end   = n_past + spans[w].end;
-        const bool last = w + 1 == spans.size();
-
-        const int32_t n_sink = seq.begin == 0 ? 0 : std::min(SPEC_PREFILL_N_SINK, seq.begin);
-        seq.tokens.assign(prompt.begin(), prompt.begin() + n_sink);
-        if (w == 0 && seq.begin > n_sink) {
-            // a continuation: the context just before the new tokens, as much as the sequence has room for
-            const int32_t n_tail = last ? 0 : std::max(0, n_prompt - std::max(seq.end, n_prompt - n_question));
-            const int32_t room   = budget - n_sink - (seq.end - seq.begin) - n_tail - n_look;
-            const int32_t c0     = std::max(n_sink, seq.begin - std::max(0, room));
-            seq.tokens.insert(seq.tokens.end(), prompt.begin() + c0, prompt.begin() + seq.begin);
-        }
-        seq.key0 = (int32_t) seq.tokens.size();
-        seq.tokens.insert(seq.tokens.end(), prompt.begin() + seq.begin, prompt.begin() + seq.end);
-        if (!last) {
-            // the question continues the window where they meet, so no token appears twice
-            const int32_t q0 = std::max(seq.end, n_prompt - n_question);
-            seq.tokens.insert(seq.tokens.end(), prompt.begin() + q0, prompt.end());
-        }
-        plan.n_cells = std::max(plan.n_cells, (int32_t) seq.tokens.size() + n_look);
-        plan.windows.push_back(std::move(seq));
-    }
-    const int32_t n_windows = (int32_t) plan.windows.size();
-    if (!sp->fixed_size) {
-        const int32_t n_fit = std::max(1, sp->n_ctx_max / std::max(1, plan.n_cells));
-        plan.n_seq = std::min({ n_windows, n_fit, spec_prefill_n_seq_max(sp) });
-        return plan;
-    }
-    // the current shape, unless another one of the same cells scores the windows in at most half the rounds and at
-    // least two fewer (a reshape costs about a context creation: 0.1 s for 128K cells of a 1.5B draft on an H200)
-    const int32_t n_seq_now = sp->ctx_n_cells >= plan.n_cells ? std::min(n_windows, sp->ctx_n_seq) : 0;
-    const int32_t n_fit     = spec_prefill_fixed_cells(sp) / GGML_PAD(std::max(1, plan.n_cells), 256);
-    const int32_t n_seq_new = std::max(1, std::min({ n_windows, n_fit, spec_prefill_n_seq_max(sp) }));
-    const auto rounds = [n_windows](int32_t n_seq) { return (n_windows + n_seq - 1) / n_seq; };
-    const bool reshape = n_seq_now == 0 ||
-        (!sp->reshape_off && rounds(n_seq_now) >= 2*rounds(n_seq_new) && rounds(n_seq_now) - rounds(n_seq_new) >= 2);
-    plan.n_seq = reshape ? n_seq_new : n_seq_now;
-    return plan;
+// what the request asks of its plan
+static common_spec_prefill_plan_params spec_prefill_plan_params(const common_spec_prefill_request & req) {
+    return { req.n_past, req.window, req.select.keep_last };
 }
 
 // the layers a graph scoring with the first n_layers is built with (0: all): fewer only where the architecture builds
@@ -959,8 +869,8 @@ static bool spec_prefill_ensure_ctx(common_spec_prefill * sp, int32_t n_seq, int
     if (sp->fixed_size) {
         // each sequence gets an equal share of the cells, on llama.cpp's 256-cell grid (the prepared sequence
         // length is on it already), never longer than the prepared one
-        const int32_t n_cells_fit = std::min(spec_prefill_fixed_cells(sp) / std::max(1, n_seq) / 256 * 256,
-                sp->fixed_n_cells);
+        const int32_t n_fixed     = common_spec_prefill_fixed_cells(spec_prefill_shape(sp));
+        const int32_t n_cells_fit = std::min(n_fixed / std::max(1, n_seq) / 256 * 256, sp->fixed_n_cells);
         if (n_cells > n_cells_fit) {
             LOG_ERR("%s: a plan of %d x %d cells does not fit the prepared draft context of %d x %d\n", __func__,
                     n_seq, n_cells, sp->fixed_n_seq, sp->fixed_n_cells);
@@ -1008,17 +918,18 @@ bool common_spec_prefill_prepare(common_spec_prefill * sp, int32_t n_prompt) {
     if (req.window <= 0) {
         req.window = (int32_t) dummy.size(); // automatic windows, but room for a request that asks for the whole prompt
     }
-    const auto plan = spec_prefill_make_plan(sp, dummy, req);
+    const auto plan = common_spec_prefill_make_plan(spec_prefill_shape(sp), dummy, spec_prefill_plan_params(req));
     int32_t n_cells = plan.n_cells;
     if (sp->params.window <= 0 && plan.windows.size() == 1) {
-        // scored in full by default: room beside it for windows of SPEC_PREFILL_WINDOW_PREPARED side by side, where
-        // --spec-prefill-ctx allows all of them (fewer would save no round). The most cells a prompt's windows take
-        // is the slot's prompt's, or that of the longest prompt whose windows are all full-sized (one window fewer,
-        // each longer)
-        req.window = SPEC_PREFILL_WINDOW_PREPARED;
+        // scored in full by default: room beside it for windows of COMMON_SPEC_PREFILL_WINDOW_PREPARED side by side,
+        // where --spec-prefill-ctx allows all of them (fewer would save no round). The most cells a prompt's windows
+        // take is the slot's prompt's, or that of the longest prompt whose windows are all full-sized (one window
+        // fewer, each longer)
+        req.window = COMMON_SPEC_PREFILL_WINDOW_PREPARED;
         int64_t n_cells_w = 0;
         for (const int32_t n : { n_prompt, n_prompt / req.window * req.window }) {
-            const auto plan_w = spec_prefill_make_plan(sp, llama_tokens(std::max(1, n), 0), req);
+            const auto plan_w = common_spec_prefill_make_plan(spec_prefill_shape(sp), llama_tokens(std::max(1, n), 0),
+                    spec_prefill_plan_params(req));
             if (plan_w.windows.size() > 1) {
                 n_cells_w = std::max(n_cells_w, (int64_t) plan_w.windows.size() * GGML_PAD(plan_w.n_cells, 256));
             }
@@ -1080,11 +991,13 @@ static int32_t spec_prefill_common_prefix(const llama_tokens & a, const llama_to
 int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_tokens & prompt,
         const common_spec_prefill_request & req, const llama_tokens * before) {
     const int32_t n_prompt = (int32_t) prompt.size();
-    const int32_t n_past   = spec_prefill_n_past(req, n_prompt);
+    const int32_t n_past   = common_spec_prefill_n_past(req.n_past, n_prompt);
     // the context before the new tokens that the first window re-reads: all of it where the draft's context has room
-    // (spec_prefill_make_plan's, told from the constant cap: the context's current shape is the scoring thread's)
-    const int32_t n_room = sp->n_ctx_max - std::min(n_prompt - n_past, SPEC_PREFILL_WINDOW_PREPARED) -
-            std::max(SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) - common_spec_prefill_lookahead_max(sp->params.lookahead);
+    // (common_spec_prefill_make_plan's, told from the constant cap: the context's current shape is the scoring
+    // thread's)
+    const int32_t n_room = sp->n_ctx_max - std::min(n_prompt - n_past, COMMON_SPEC_PREFILL_WINDOW_PREPARED) -
+            std::max(COMMON_SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) -
+            common_spec_prefill_lookahead_max(sp->params.lookahead);
     const int32_t n_read = std::min(n_past, std::max(0, n_room));
     int32_t n_held = 0;
     if (n_read == n_past && before) {
@@ -1115,7 +1028,8 @@ common_spec_prefill_request common_spec_prefill_default_request(const common_spe
 // The query rows: with every layer, the window's last token and n_look - 1 greedy lookahead tokens after it; with the
 // first n_layers only there are no logits to pick them from, so they are the window's last n_look tokens themselves
 // (the prompt's end, where the question is), prefilled one step at a time
-static bool spec_prefill_score_round(spec_prefill_run & run, const std::vector<spec_prefill_window_seq *> & round,
+static bool spec_prefill_score_round(spec_prefill_run & run,
+        const std::vector<common_spec_prefill_window_seq *> & round,
         int32_t n_look, int32_t n_layers, common_spec_prefill_result & res, std::string & error) {
     common_spec_prefill * sp = run.sp;
     llama_context * ctx = sp->ctx.get();
@@ -1335,7 +1249,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     common_spec_prefill_result res;
     res.n_prompt = (int32_t) prompt.size();
-    res.n_past   = spec_prefill_n_past(req, res.n_prompt);
+    res.n_past   = common_spec_prefill_n_past(req.n_past, res.n_prompt);
     auto full = [&](enum common_spec_prefill_status status, const std::string & reason) {
         res.status = status;
         res.reason = reason;
@@ -1371,7 +1285,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
                 req.min_tokens));
     }
 
-    auto plan = spec_prefill_make_plan(sp, prompt, req);
+    auto plan = common_spec_prefill_make_plan(spec_prefill_shape(sp), prompt, spec_prefill_plan_params(req));
     for (const auto & w : plan.windows) {
         res.windows.push_back({ w.begin, w.end });
     }
@@ -1390,7 +1304,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
         sp->reshape_off = true;
         have_ctx = spec_prefill_ensure_ctx(sp, sp->fixed_n_seq, sp->fixed_n_cells, n_graph_layer);
         if (have_ctx) {
-            plan = spec_prefill_make_plan(sp, prompt, req);
+            plan = common_spec_prefill_make_plan(spec_prefill_shape(sp), prompt, spec_prefill_plan_params(req));
             res.n_parallel = plan.n_seq;
         }
     }
@@ -1410,7 +1324,7 @@ common_spec_prefill_result common_spec_prefill_run(common_spec_prefill * sp, con
 
     std::string error;
     for (size_t w0 = 0; w0 < plan.windows.size(); w0 += plan.n_seq) {
-        std::vector<spec_prefill_window_seq *> round;
+        std::vector<common_spec_prefill_window_seq *> round;
         for (size_t w = w0; w < std::min(plan.windows.size(), w0 + plan.n_seq); ++w) {
             round.push_back(&plan.windows[w]);
         }

@@ -1,7 +1,9 @@
 // spbuild._selection: Python bindings of cpp/common/spec-prefill-select.cpp, the selection code llama.cpp builds,
-// so the algorithm can be checked against a NumPy reference without building llama.cpp, and of the settings table
-// (spec-prefill-settings.cpp) that the flags, the server's request fields and the README's flag table follow.
+// so the algorithm can be checked against a NumPy reference without building llama.cpp, of the window planning
+// (spec-prefill-plan.cpp), and of the settings table (spec-prefill-settings.cpp) that the flags, the server's request
+// fields and the README's flag table follow.
 
+#include "spec-prefill-plan.h"
 #include "spec-prefill-select.h"
 #include "spec-prefill-settings.h"
 
@@ -99,6 +101,56 @@ NB_MODULE(_selection, m) {
         }
         return out;
     }, nb::arg("n_tokens"), nb::arg("window"));
+
+    m.def("plan", [](const std::vector<int32_t> & prompt, int32_t n_past, int32_t window, int32_t keep_last,
+                     int32_t n_ctx_max, bool fixed_size, int32_t fixed_n_seq, int32_t fixed_n_cells, int32_t ctx_n_seq,
+                     int32_t ctx_n_cells, bool reshape_off, int32_t n_seq_max, int32_t n_look_max) {
+        // what llama.cpp's driver guarantees (a scored prompt has a token, a context has cells): beyond it the plan
+        // means nothing
+        if (prompt.empty() || n_ctx_max < 1 || n_seq_max < 1 || n_look_max < 0 || keep_last < 0 || ctx_n_seq < 0 ||
+                ctx_n_cells < 0 || (fixed_size && (fixed_n_seq < 1 || fixed_n_cells < 1))) {
+            throw std::invalid_argument("plan: need a non-empty prompt, n_ctx_max >= 1, n_seq_max >= 1, no negative "
+                    "sizes, and a prepared shape of at least one cell with fixed_size");
+        }
+        common_spec_prefill_shape shape;
+        shape.n_ctx_max     = n_ctx_max;
+        shape.fixed_size    = fixed_size;
+        shape.fixed_n_seq   = fixed_n_seq;
+        shape.fixed_n_cells = fixed_n_cells;
+        shape.ctx_n_seq     = ctx_n_seq;
+        shape.ctx_n_cells   = ctx_n_cells;
+        shape.reshape_off   = reshape_off;
+        shape.n_seq_max     = n_seq_max;
+        shape.n_look_max    = n_look_max;
+        const common_spec_prefill_plan_params params = { n_past, window, keep_last };
+        const common_spec_prefill_plan plan = common_spec_prefill_make_plan(shape, prompt, params);
+        nb::list windows;
+        for (const auto & w : plan.windows) {
+            nb::dict row;
+            row["begin"]  = w.begin;
+            row["end"]    = w.end;
+            row["key0"]   = w.key0;
+            row["tokens"] = w.tokens;
+            windows.append(row);
+        }
+        nb::dict out;
+        out["windows"] = windows;
+        out["n_seq"]   = plan.n_seq;
+        out["n_cells"] = plan.n_cells;
+        return out;
+    }, nb::arg("prompt"), nb::kw_only(), nb::arg("n_past") = 0, nb::arg("window") = 0, nb::arg("keep_last") = 64,
+       nb::arg("n_ctx_max"), nb::arg("fixed_size") = false, nb::arg("fixed_n_seq") = 0, nb::arg("fixed_n_cells") = 0,
+       nb::arg("ctx_n_seq") = 0, nb::arg("ctx_n_cells") = 0, nb::arg("reshape_off") = false,
+       nb::arg("n_seq_max") = 256, nb::arg("n_look_max") = 8,
+       "The draft's plan for prompt[n_past:]: windows (begin, end: the window's own tokens; tokens: its sequence, sink "
+       "+ context + own tokens + question; key0: where its own tokens start in it), n_seq (windows per round) and "
+       "n_cells (cells per sequence), for a draft context of at most n_ctx_max cells, or, with fixed_size, a prepared "
+       "one of fixed_n_seq x fixed_n_cells now shaped ctx_n_seq x ctx_n_cells. The module's N_SINK, N_QUESTION_MIN, "
+       "WINDOW_PREPARED and WINDOW_AUTO_ABOVE are the constants it plans with.");
+    m.attr("N_SINK")            = COMMON_SPEC_PREFILL_N_SINK;
+    m.attr("N_QUESTION_MIN")    = COMMON_SPEC_PREFILL_N_QUESTION_MIN;
+    m.attr("WINDOW_PREPARED")   = COMMON_SPEC_PREFILL_WINDOW_PREPARED;
+    m.attr("WINDOW_AUTO_ABOVE") = COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE;
 
     m.def("check_params", [](const std::string & mode, float keep, float mass, int32_t chunk_size, int32_t keep_first,
                              int32_t keep_last) -> std::optional<std::string> {
