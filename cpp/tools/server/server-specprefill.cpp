@@ -80,12 +80,13 @@ static bool spec_prefill_get_bool(const json & obj, const char * key, const std:
     return v.get<bool>();
 }
 
-// a request's spec_prefill.<key> against the setting's values (spec-prefill-settings.h), the ones its flag takes but
-// where the server narrows them (`range`); a number before any conversion, so that 1e-300 for p is a 400, not a p of 0
-static void spec_prefill_get_setting(const json & obj, const common_spec_prefill_setting & setting,
-        const common_spec_prefill_range & range, server_spec_prefill_params & params) {
-    const json & v = obj.at(setting.key);
-    const std::string field = std::string("spec_prefill.") + setting.key;
+// a request's obj[key] into the setting, checked against its values (spec-prefill-settings.h), the ones its flag takes
+// but where the server narrows them (`range`), or a 400 naming `field` (the key's path in the request); a number is
+// checked before any conversion, so that 1e-300 for p is a 400, not a p of 0
+static void spec_prefill_get_setting(const json & obj, const char * key, const std::string & field,
+        const common_spec_prefill_setting & setting, const common_spec_prefill_range & range,
+        server_spec_prefill_params & params) {
+    const json & v = obj.at(key);
     switch (setting.type) {
         case COMMON_SPEC_PREFILL_SETTING_INT:
         case COMMON_SPEC_PREFILL_SETTING_FLOAT: {
@@ -97,7 +98,7 @@ static void spec_prefill_get_setting(const json & obj, const common_spec_prefill
             return;
         }
         case COMMON_SPEC_PREFILL_SETTING_BOOL:
-            setting.set(params, spec_prefill_get_bool(obj, setting.key, field));
+            setting.set(params, spec_prefill_get_bool(obj, key, field));
             return;
         case COMMON_SPEC_PREFILL_SETTING_CHOICE: {
             const int32_t i = v.is_string() ? common_spec_prefill_setting_choice(setting, v.get<std::string>(), false) : -1;
@@ -204,12 +205,9 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
         params.enabled = spec_prefill_get_bool(data, "specprefill", "specprefill");
     }
     if (spec_prefill_has(data, "specprefill_keep_pct")) {
-        const json & v = data.at("specprefill_keep_pct");
-        if (!v.is_number() || !common_spec_prefill_in_range(SPEC_PREFILL_RANGE_P, v.get<double>())) {
-            spec_prefill_bad_field("specprefill_keep_pct", "must be " + common_spec_prefill_range_text(SPEC_PREFILL_RANGE_P) +
-                    ", got " + v.dump());
-        }
-        params.select.keep = v.get<float>();
+        // vllm-mlx's name of p: the p row, and keep mode as the fraction implies
+        const auto & p = *common_spec_prefill_setting_find("p");
+        spec_prefill_get_setting(data, "specprefill_keep_pct", "specprefill_keep_pct", p, p.range, params);
         params.select.mode = COMMON_SPEC_PREFILL_SELECT_KEEP;
     }
 
@@ -241,7 +239,8 @@ server_spec_prefill_params server_spec_prefill_params_from_json(const common_par
             }
             for (const auto & setting : common_spec_prefill_settings_table()) {
                 if (setting.per_request && spec_prefill_has(obj, setting.key)) {
-                    spec_prefill_get_setting(obj, setting, spec_prefill_request_range(setting, spp), params);
+                    spec_prefill_get_setting(obj, setting.key, std::string("spec_prefill.") + setting.key, setting,
+                            spec_prefill_request_range(setting, spp), params);
                 }
             }
             if (spec_prefill_has(obj, "return_kept")) {
