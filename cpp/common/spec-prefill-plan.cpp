@@ -50,10 +50,12 @@ common_spec_prefill_plan common_spec_prefill_make_plan(const common_spec_prefill
         const int32_t n_sink = seq.begin == 0 ? 0 : std::min(COMMON_SPEC_PREFILL_N_SINK, seq.begin);
         seq.tokens.assign(prompt.begin(), prompt.begin() + n_sink);
         if (w == 0 && seq.begin > n_sink) {
-            // a continuation: the context just before the new tokens, as much as the sequence has room for
+            // a continuation: the context just before the new tokens, as much as the sequence has room for, and in
+            // a plan of several windows no more than one window of it (the header says why)
             const int32_t n_tail = last ? 0 : std::max(0, n_prompt - std::max(seq.end, n_prompt - n_question));
             const int32_t room   = budget - n_sink - (seq.end - seq.begin) - n_tail - n_look;
-            const int32_t c0     = std::max(n_sink, seq.begin - std::max(0, room));
+            const int32_t n_ctx  = spans.size() > 1 ? std::min(room, window) : room;
+            const int32_t c0     = std::max(n_sink, seq.begin - std::max(0, n_ctx));
             seq.tokens.insert(seq.tokens.end(), prompt.begin() + c0, prompt.begin() + seq.begin);
         }
         seq.key0 = (int32_t) seq.tokens.size();

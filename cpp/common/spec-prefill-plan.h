@@ -72,5 +72,9 @@ int32_t common_spec_prefill_fixed_cells(const struct common_spec_prefill_shape &
 // The windows of prompt[params.n_past, N): each window's sequence is the prompt's first tokens (a sink), for the first
 // window of a continuation as much of the context before n_past as fits, the window's own tokens, and for all but the
 // last window the prompt's end (the question). Planned to fit the prepared context when there is one (fixed_size).
+// A continuation scored in several windows reads at most one window of context before n_past: the windows after the
+// first see none, and the draft cannot start on its own KV with several windows, so all of the context would be
+// prefilled again on every turn of an agent's conversation (at 30K, the third turn's scoring cost as much as a
+// whole prompt's, docs/quality.md)
 struct common_spec_prefill_plan common_spec_prefill_make_plan(const struct common_spec_prefill_shape & shape,
         const std::vector<int32_t> & prompt, const struct common_spec_prefill_plan_params & params);

@@ -992,13 +992,19 @@ int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_t
         const common_spec_prefill_request & req, const llama_tokens * before) {
     const int32_t n_prompt = (int32_t) prompt.size();
     const int32_t n_past   = common_spec_prefill_n_past(req.n_past, n_prompt);
-    // the context before the new tokens that the first window re-reads: all of it where the draft's context has room
-    // (common_spec_prefill_make_plan's, told from the constant cap: the context's current shape is the scoring
-    // thread's)
-    const int32_t n_room = sp->n_ctx_max - std::min(n_prompt - n_past, COMMON_SPEC_PREFILL_WINDOW_PREPARED) -
+    // the context before the new tokens that the first window re-reads: all of it where the draft's context has room,
+    // one window of it where the new tokens take several (common_spec_prefill_make_plan's, told from the constant
+    // cap: the context's current shape is the scoring thread's)
+    const int32_t n_new  = n_prompt - n_past;
+    const int32_t window = req.window > 0 ? req.window :
+            n_new > COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE ? COMMON_SPEC_PREFILL_WINDOW_PREPARED : 0;
+    const int32_t n_room = sp->n_ctx_max - std::min(n_new, COMMON_SPEC_PREFILL_WINDOW_PREPARED) -
             std::max(COMMON_SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) -
             common_spec_prefill_lookahead_max(sp->params.lookahead);
-    const int32_t n_read = std::min(n_past, std::max(0, n_room));
+    int32_t n_read = std::min(n_past, std::max(0, n_room));
+    if (window > 0 && n_new > window) {
+        n_read = std::min(n_read, window);
+    }
     int32_t n_held = 0;
     if (n_read == n_past && before) {
         n_held = sp->kv_reuse ? spec_prefill_common_prefix(*before, prompt, n_past) : 0;

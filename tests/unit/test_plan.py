@@ -47,9 +47,11 @@ def expected_window(n_new: int, n_past: int, window: int, keep_last: int, n_look
     return window
 
 
-def check_layout(plan, prompt: list[int], *, n_past: int, keep_last: int, n_look: int, budget: int) -> None:
+def check_layout(plan, prompt: list[int], *, n_past: int, keep_last: int, n_look: int, budget: int,
+                 window: int) -> None:
     """Every window's sequence: sink + (the first window of a continuation) context + own tokens + (all but the last)
-    question; the windows cover the new tokens once, in order; n_cells is the longest sequence plus lookahead room."""
+    question; the windows cover the new tokens once, in order; n_cells is the longest sequence plus lookahead room.
+    `window`: the plan's window size (expected_window)."""
     n = len(prompt)
     n_question = max(N_QUESTION_MIN, keep_last)
     windows = plan["windows"]
@@ -67,10 +69,14 @@ def check_layout(plan, prompt: list[int], *, n_past: int, keep_last: int, n_look
         assert tokens[key0 + end - begin:] == question
         context = tokens[n_sink:key0]
         if i == 0 and begin > n_sink:
-            # the context just before the new tokens: all of it, or as much as fills the sequence to the budget
+            # the context just before the new tokens: all of it, or as much as fills the sequence to the budget, or
+            # with several windows one window of it
             assert context == prompt[begin - len(context):begin]
             if len(context) < begin - n_sink:
-                assert len(tokens) + n_look == budget if context else len(tokens) + n_look >= budget
+                full = len(tokens) + n_look == budget if context else len(tokens) + n_look >= budget
+                assert full or (len(windows) > 1 and len(context) == window)
+            if len(windows) > 1:
+                assert len(context) <= window
         else:
             assert context == []
     assert plan["n_cells"] == max(len(w["tokens"]) for w in windows) + n_look
@@ -127,11 +133,11 @@ def test_growing_context(request, n_ctx_max, n_seq_max):
     plan = sel.plan(prompt, n_past=n_past, window=window, keep_last=keep_last, n_ctx_max=n_ctx_max,
                     n_seq_max=n_seq_max, n_look_max=n_look)
     n_past = max(0, min(n_past, n - 1))  # at least the last token is scored
-    check_layout(plan, prompt, n_past=n_past, keep_last=keep_last, n_look=n_look, budget=n_ctx_max)
-
     n_new = n - n_past
-    n_windows = len(plan["windows"])
     want = expected_window(n_new, n_past, window, keep_last, n_look, n_ctx_max)
+    check_layout(plan, prompt, n_past=n_past, keep_last=keep_last, n_look=n_look, budget=n_ctx_max, window=want)
+
+    n_windows = len(plan["windows"])
     assert n_windows == (1 if want <= 0 or want >= n_new else -(-n_new // want))
     if window <= 0 and n_new <= sel.WINDOW_AUTO_ABOVE and min(N_SINK, n_past) + n_new + n_look <= n_ctx_max:
         assert n_windows == 1  # automatic and it fits: scored whole
@@ -156,11 +162,11 @@ def test_prepared_context(request, shape):
     plan = sel.plan(prompt, n_past=n_past, window=window, keep_last=keep_last, n_look_max=n_look, **shape)
     n_past = max(0, min(n_past, n - 1))
     budget = shape["fixed_n_cells"]  # a prepared context's sequences are never longer than its own
-    check_layout(plan, prompt, n_past=n_past, keep_last=keep_last, n_look=n_look, budget=budget)
-
     n_new = n - n_past
-    n_windows = len(plan["windows"])
     want = expected_window(n_new, n_past, window, keep_last, n_look, budget)
+    check_layout(plan, prompt, n_past=n_past, keep_last=keep_last, n_look=n_look, budget=budget, window=want)
+
+    n_windows = len(plan["windows"])
     assert n_windows == (1 if want <= 0 or want >= n_new else -(-n_new // want))
     n_cells = plan["n_cells"]
     if budget >= N_SINK + max(N_QUESTION_MIN, keep_last) + n_look + 256:
@@ -241,6 +247,21 @@ def test_continuation_context_fills_what_is_left():
     # 1000 cells - 4 sink - 500 new - 8 lookahead = 488 tokens of context, the ones just before n_past
     assert w["key0"] == 4 + 488
     assert w["tokens"] == p[0:4] + p[512:1000] + p[1000:1500]
+
+
+def test_continuation_in_windows_reads_one_window_of_context():
+    # an agent's third turn: 20K tokens held, 10K new in windows of 8192 -> two windows; the first reads the 8192
+    # tokens before n_past, not the 20K the context has room for (the draft would prefill them again every turn)
+    p = prompt_of(30_000)
+    plan = sel.plan(p, n_past=20_000, window=8192, keep_last=64, n_ctx_max=65536)
+    w0, w1 = plan["windows"]
+    assert (w0["begin"], w1["end"]) == (20_000, 30_000)
+    assert w0["key0"] == 4 + 8192
+    assert w0["tokens"][:w0["key0"]] == p[0:4] + p[20_000 - 8192:20_000]
+    assert w1["key0"] == 4  # the second window: the sink only
+    # one window of new tokens: the whole context where it fits, as before (the draft may start on its own KV then)
+    (w,) = sel.plan(p, n_past=25_000, window=8192, keep_last=64, n_ctx_max=65536)["windows"]
+    assert w["tokens"] == p
 
 
 def test_n_past_is_clamped():
