@@ -17,6 +17,8 @@
 #                                                       # 1.5B target then the 0.5B draft, cut with split -b 52000000
 #                                                       # into .carry/pair/partNN, sha256s in .carry/pair.sha256), each
 #                                                       # once; splits and verifies both once all are there
+#   bash bench/h200-bench-eval.sh target           # the same parts up to the 1.5B target's end (part21), for
+#                                                       # `self` alone: the draft's name is left empty
 #   bash bench/h200-bench-eval.sh eval LENGTHS NAME [ARGS]   # quality into $OUT/NAME: Gemma 3 270M, or with
 #                                                       # MODELS=pair the Qwen2.5-Coder pair; ARGS go to
 #                                                       # spbuild.measuring.eval_cli (--seeds 3); EXTRA_SERVER_ARGS to the server
@@ -55,6 +57,19 @@ pair)
         head -c $target_size "$W/pair.cat" > "$W/qwen2.5-coder-1.5b-instruct.gguf"
         tail -c $draft_size "$W/pair.cat" > "$W/qwen2.5-coder-0.5b-instruct.gguf"
         (cd "$W" && sha256sum -c "$OLDPWD/.carry/pair.sha256") && rm -r "$W/pair.cat" "$W/pair-parts"
+    fi
+    ;;
+target)
+    # the pair's target alone, for `self` scoring: the parts that hold its bytes (.carry/pair/part00..21), each once
+    mkdir -p "$W/pair-parts"
+    cp .carry/pair/part* "$W/pair-parts/"
+    target_size=1117320768
+    size=$(cat "$W"/pair-parts/part* | wc -c)
+    echo "target: $(ls "$W/pair-parts" | wc -l) parts, $size of at least $target_size bytes"
+    if [ "$size" -ge $target_size ]; then
+        cat "$W"/pair-parts/part* | head -c $target_size > "$W/qwen2.5-coder-1.5b-instruct.gguf"
+        (cd "$W" && grep 1.5b "$OLDPWD/.carry/pair.sha256" | sha256sum -c -) && rm -r "$W/pair-parts" &&
+            touch "$W/qwen2.5-coder-0.5b-instruct.gguf"  # no draft: the chain waits for both names
     fi
     ;;
 bench)

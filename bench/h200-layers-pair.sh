@@ -12,6 +12,8 @@
 # and .carry/pair.sha256) for `bash bench/h200-bench-eval.sh pair`; `collect` packs what is done into $OUT.
 #   cp -a . /tmp/sprepo && (cd /tmp/sprepo && setsid nohup bash bench/h200-layers-pair.sh chain > /tmp/chain.log 2>&1 &)
 #   bash bench/h200-layers-pair.sh collect
+# QUALITY=self SELF_LAYERS=4 TOOLS=0: the quality of the target's first 4 layers alone, with only the target carried
+# (`bash bench/h200-bench-eval.sh target` per part, part00..part21)
 set -euo pipefail
 W=/tmp/spbench-eval
 O=/tmp/chain-out
@@ -41,8 +43,12 @@ chain)
          run_eval draft-30k 30000 8192 "${quality[@]}" --scorers draft --layers 0,12) &
         (run_eval self-short 8192,16384 0 "${quality[@]}" --scorers self --layers 6,10,14
          run_eval self-30k 30000 8192 "${quality[@]}" --scorers self --layers 6,10,14) &
+    elif [ "${QUALITY}" = self ]; then  # the target's own first SELF_LAYERS only (`target` carries no draft)
+        run_eval self-short 8192,16384 0 "${quality[@]}" --scorers self --layers "${SELF_LAYERS:-4}"
     fi
-    (run_eval tools-short 8192,16384 0 "${tools[@]}"; run_eval tools-30k 30000 8192 "${tools[@]}") &
+    if [ "${TOOLS:-1}" = 1 ]; then
+        (run_eval tools-short 8192,16384 0 "${tools[@]}"; run_eval tools-30k 30000 8192 "${tools[@]}") &
+    fi
     wait
     if [ "${SELF128:-0}" = 1 ]; then  # alone on the GPU: TTFT side by side with the full prefill
         step "random 128K, self"
