@@ -38,6 +38,7 @@ from spbuild.errors import SpbuildError
 from spbuild.measuring import reports
 from spbuild.measuring.evaluate import SELF, Setting, numbers, scorers, status_of_tool, windows, with_layers
 from spbuild.measuring.models import KINDS, SHAPES, make
+from spbuild.measuring.requests import from_options
 from spbuild.measuring.server import ServerProcess, refuse_own_address
 from spbuild.measuring.stats import Spread
 
@@ -418,10 +419,7 @@ class BenchRequest:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchRequest:
         """The request add_arguments's options describe."""
-        return cls(via=args.via, target=args.target, draft=args.draft, shapes=args.shapes, sizes=args.sizes, p=args.p,
-                   window=args.window, layers=args.layers, scorers=args.scorers, repeat=args.repeat,
-                   warmup=args.warmup, out=args.out, server_args=args.server_args, draft_args=args.draft_args,
-                   bench_args=args.bench_args, plots=not args.no_plots)
+        return from_options(cls, args)
 
 
 def models_for(args: BenchRequest, models_dir: Path, tree: Path | None) -> tuple[Path, Path]:

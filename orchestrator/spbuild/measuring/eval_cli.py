@@ -30,6 +30,7 @@ from spbuild.measuring.evaluate import (
     windows,
     with_layers,
 )
+from spbuild.measuring.requests import from_options
 from spbuild.measuring.server import refuse_own_address
 
 TOOLS_KIND = "tools"  # the tools eval (spbuild.measuring.tool_eval): runs alone, through the server's chat endpoint
@@ -65,11 +66,7 @@ class EvalRequest:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EvalRequest:
         """The request add_arguments's options describe."""
-        return cls(via=args.via, pair=args.pair, target=args.target, draft=args.draft, kinds=args.kinds,
-                   tool_guards=args.tool_guards, turns=args.turns, source_tree=args.source_tree, fillers=args.fillers,
-                   lengths=args.lengths, depths=args.depths, seeds=args.seeds, chat=args.chat, p=args.p,
-                   mass=args.mass, window=args.window, vary=args.vary, layers=args.layers, scorers=args.scorers,
-                   out=args.out, server_args=args.server_args, plots=not args.no_plots)
+        return from_options(cls, args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
