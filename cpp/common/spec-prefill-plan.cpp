@@ -12,6 +12,13 @@ int32_t common_spec_prefill_n_past(int32_t n_past, int32_t n_prompt) {
     return std::max(0, std::min(n_past, n_prompt - 1));
 }
 
+int32_t common_spec_prefill_window_size(int32_t window, int32_t n_new) {
+    if (window <= 0 && n_new > COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE) {
+        return COMMON_SPEC_PREFILL_WINDOW_PREPARED;
+    }
+    return window;
+}
+
 int32_t common_spec_prefill_fixed_cells(const common_spec_prefill_shape & shape) {
     return shape.fixed_n_seq*shape.fixed_n_cells;
 }
@@ -31,10 +38,7 @@ common_spec_prefill_plan common_spec_prefill_make_plan(const common_spec_prefill
     // the largest window whose sequence (sink + window + question + lookahead) fits
     const int32_t window_max = std::max(256, budget - COMMON_SPEC_PREFILL_N_SINK - n_question - n_look);
 
-    int32_t window = params.window;
-    if (window <= 0 && n_new > COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE) {
-        window = COMMON_SPEC_PREFILL_WINDOW_PREPARED;
-    }
+    int32_t window = common_spec_prefill_window_size(params.window, n_new);
     if (n_sink0 + n_new + n_look > budget) {
         window = window > 0 ? std::min(window, window_max) : window_max;
     }

@@ -66,6 +66,11 @@ struct common_spec_prefill_plan {
 // the reused prefix a request names, within a prompt of n_prompt tokens: at least its last token is scored
 int32_t common_spec_prefill_n_past(int32_t n_past, int32_t n_prompt);
 
+// the window size a plan of n_new new tokens asks for under the request's `window`: its own, or under 0 (automatic)
+// COMMON_SPEC_PREFILL_WINDOW_PREPARED above COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE new tokens (0: the whole prompt);
+// the plan narrows it further where a sequence cannot hold it
+int32_t common_spec_prefill_window_size(int32_t window, int32_t n_new);
+
 // the cells of a prepared context, all its sequences together: what a reshape shares out
 int32_t common_spec_prefill_fixed_cells(const struct common_spec_prefill_shape & shape);
 

@@ -996,8 +996,7 @@ int32_t common_spec_prefill_n_draft_past(common_spec_prefill * sp, const llama_t
     // one window of it where the new tokens take several (common_spec_prefill_make_plan's, told from the constant
     // cap: the context's current shape is the scoring thread's)
     const int32_t n_new  = n_prompt - n_past;
-    const int32_t window = req.window > 0 ? req.window :
-            n_new > COMMON_SPEC_PREFILL_WINDOW_AUTO_ABOVE ? COMMON_SPEC_PREFILL_WINDOW_PREPARED : 0;
+    const int32_t window = common_spec_prefill_window_size(req.window, n_new);
     const int32_t n_room = sp->n_ctx_max - std::min(n_new, COMMON_SPEC_PREFILL_WINDOW_PREPARED) -
             std::max(COMMON_SPEC_PREFILL_N_QUESTION_MIN, req.select.keep_last) -
             common_spec_prefill_lookahead_max(sp->params.lookahead);
