@@ -26,6 +26,14 @@ set -euo pipefail
 W=/tmp/spbench-eval
 source bench/h200-common.sh
 export PYTHONPATH=$PWD/orchestrator$(carried_wheels)
+# the Qwen2.5-Coder pair's parts (.carry/pair/partNN of `cat 1.5b 0.5b | split -b 52000000`): this call's copied
+# beside the earlier ones; prints the bytes they hold together
+PAIR_TARGET_SIZE=1117320768 PAIR_DRAFT_SIZE=491400064
+gather_pair_parts() {
+    mkdir -p "$W/pair-parts"
+    cp .carry/pair/part* "$W/pair-parts/"
+    cat "$W"/pair-parts/part* | wc -c
+}
 case "$1" in
 build)
     rm -rf "$W/src" "$W/build" && unpack_tree "$W/src"
@@ -47,27 +55,21 @@ gemma)
     ;;
 pair)
     # parts kept apart and joined in order once all are there, so that a part sent twice or out of order does no harm
-    mkdir -p "$W/pair-parts"
-    cp .carry/pair/part* "$W/pair-parts/"
-    target_size=1117320768 draft_size=491400064
-    size=$(cat "$W"/pair-parts/part* | wc -c)
-    echo "pair: $(ls "$W/pair-parts" | wc -l) parts, $size of $((target_size + draft_size)) bytes"
-    if [ "$size" = $((target_size + draft_size)) ]; then
+    size=$(gather_pair_parts)
+    echo "pair: $(ls "$W/pair-parts" | wc -l) parts, $size of $((PAIR_TARGET_SIZE + PAIR_DRAFT_SIZE)) bytes"
+    if [ "$size" = $((PAIR_TARGET_SIZE + PAIR_DRAFT_SIZE)) ]; then
         cat "$W"/pair-parts/part* > "$W/pair.cat"
-        head -c $target_size "$W/pair.cat" > "$W/qwen2.5-coder-1.5b-instruct.gguf"
-        tail -c $draft_size "$W/pair.cat" > "$W/qwen2.5-coder-0.5b-instruct.gguf"
+        head -c $PAIR_TARGET_SIZE "$W/pair.cat" > "$W/qwen2.5-coder-1.5b-instruct.gguf"
+        tail -c $PAIR_DRAFT_SIZE "$W/pair.cat" > "$W/qwen2.5-coder-0.5b-instruct.gguf"
         (cd "$W" && sha256sum -c "$OLDPWD/.carry/pair.sha256") && rm -r "$W/pair.cat" "$W/pair-parts"
     fi
     ;;
 target)
     # the pair's target alone, for `self` scoring: the parts that hold its bytes (.carry/pair/part00..21), each once
-    mkdir -p "$W/pair-parts"
-    cp .carry/pair/part* "$W/pair-parts/"
-    target_size=1117320768
-    size=$(cat "$W"/pair-parts/part* | wc -c)
-    echo "target: $(ls "$W/pair-parts" | wc -l) parts, $size of at least $target_size bytes"
-    if [ "$size" -ge $target_size ]; then
-        cat "$W"/pair-parts/part* | head -c $target_size > "$W/qwen2.5-coder-1.5b-instruct.gguf"
+    size=$(gather_pair_parts)
+    echo "target: $(ls "$W/pair-parts" | wc -l) parts, $size of at least $PAIR_TARGET_SIZE bytes"
+    if [ "$size" -ge $PAIR_TARGET_SIZE ]; then
+        cat "$W"/pair-parts/part* | head -c $PAIR_TARGET_SIZE > "$W/qwen2.5-coder-1.5b-instruct.gguf"
         (cd "$W" && grep 1.5b "$OLDPWD/.carry/pair.sha256" | sha256sum -c -) && rm -r "$W/pair-parts" &&
             touch "$W/qwen2.5-coder-0.5b-instruct.gguf"  # no draft: the chain waits for both names
     fi
