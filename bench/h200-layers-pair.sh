@@ -12,7 +12,8 @@
 #   quality-self    the same cases, the 1.5B's own first SELF_LAYERS (default 4) only (no draft needed)
 #   tools           the tools eval under protect and off, 1 and 3 turns, 8K-16K whole and 30K windowed (issue 30)
 #   tools-p         the tools eval's calls against p (TOOLS_P, default 0.3,0.6,0.9,0.99), protect, one turn, 8K-16K:
-#                   how far the calls move when little or almost nothing is dropped
+#                   how far the calls move when little or almost nothing is dropped (TOOLS_SCORER=self: the 1.5B's
+#                   own first 4 layers score, for a lease that carries the target alone)
 #   tools-turns30k  three tool rounds at 30K in windows of 8192, protect and off: TTFT per turn (alone on the GPU)
 # Carried in the first call: .carry/tree.tar.xz, ggml-vocab-llama-bpe.gguf, pair.sha256 and pylib/ (the wheels the tools
 # eval needs, bench/h200-common.sh).
@@ -70,7 +71,8 @@ run_step() {
         run_eval tools-30k 30000 8192 "${tools[@]}" --turns 1,3
         ;;
     tools-p)
-        run_eval tools-p 8192,16384 0 --kinds tools --tool-guards protect --turns 1 --p "${TOOLS_P:-0.3,0.6,0.9,0.99}"
+        run_eval tools-p 8192,16384 0 --kinds tools --tool-guards protect --turns 1 --p "${TOOLS_P:-0.3,0.6,0.9,0.99}" \
+            --scorers "${TOOLS_SCORER:-draft}" $([ "${TOOLS_SCORER:-draft}" = self ] && echo --layers 4)
         ;;
     tools-turns30k)
         run_eval tools-turns30k 30000 8192 "${tools[@]}" --turns 3
