@@ -88,6 +88,21 @@ def test_a_row_says_what_was_kept_and_answered():
     assert 0.3 < half["context_kept"] < 0.7 and 0.3 < half["tail_kept"] < 0.7
 
 
+def test_the_full_prefill_runs_once_per_case_across_the_scorers_servers():
+    """Each scorer has its own server, the target's full prefill is the same on all: the second server reuses the
+    first one's answer, and its rows still compare against it."""
+    case = tasks.make_case("needle", "prose", 300, 0.5, 1)
+    first, second = PiecesBackend(case), PiecesBackend(case)
+    shared: dict = {}
+    rows = evaluate.run(first, [case], [Setting("keep", 1.0)], full_prefills=shared)
+    rows += evaluate.run(second, [case], [Setting("keep", 0.5, scorer="self")], full_prefills=shared)
+    assert first.calls.count("full") == 1 and "full" not in second.calls
+    assert rows[1]["full_answer"] == rows[0]["full_answer"] == f"{case.answer}." and not rows[1]["agree"]
+    third = PiecesBackend(case)
+    evaluate.run(third, [case], [Setting("keep", 0.5)])  # no shared cache: its own full prefill
+    assert third.calls.count("full") == 1
+
+
 def test_a_failing_request_is_a_row_and_the_run_goes_on():
     cases = [tasks.make_case("needle", "logs", 300, d, 0) for d in (0.2, 0.8)]
     backend = PiecesBackend(cases[0], fail_on="p=0.5 full")
@@ -223,8 +238,8 @@ def test_variants_change_the_selection_shape_by_request_and_by_flag():
 def test_layer_counts_and_scorers_are_settings_of_one_run():
     """--layers repeats every variant per layer count (0: the scorer's default), --scorers every setting per scorer;
     the names tell them apart, and a layer count travels as a request field and a flag alike."""
-    grid = evaluate.settings_grid([0.2], [0], (), evaluate.with_layers(evaluate.variants("lookahead=1"), "0,6"),
-                                  evaluate.scorers("draft,self"))
+    grid = evaluate.settings_grid([0.2], [0], (), evaluate.variants("lookahead=1"), evaluate.scorers("draft,self"),
+                                  "0,6")
     assert [s.name for s in grid] == ["p=0.2 full", "p=0.2 full lookahead=1", "p=0.2 full layers=6",
                                       "p=0.2 full lookahead=1,layers=6", "p=0.2 full self",
                                       "p=0.2 full lookahead=1 self", "p=0.2 full layers=6 self",
@@ -239,6 +254,25 @@ def test_layer_counts_and_scorers_are_settings_of_one_run():
             evaluate.with_layers([()], bad)
     with pytest.raises(SpbuildError, match="unknown scorer: target"):
         evaluate.scorers("draft,target")
+
+
+def test_a_layer_count_can_name_its_scorer():
+    """SCORER:K gives that scorer alone the count, so one run holds the draft's whole depth and the target's first K
+    layers without the draft's first K; a scorer no count names scores with its default; a prefix must be a scorer
+    of the run."""
+    grid = evaluate.settings_grid([0.3], [0], (), [()], ["draft", "self"], "draft:0,self:3,self:4")
+    assert [s.name for s in grid] == ["p=0.3 full", "p=0.3 full layers=3 self", "p=0.3 full layers=4 self"]
+    assert [s.name for s in evaluate.settings_grid([0.3], [0], (), [()], ["draft", "self"], "0,self:4")] == \
+        ["p=0.3 full", "p=0.3 full self", "p=0.3 full layers=4 self"]
+    assert [s.name for s in evaluate.settings_grid([0.3], [0], (), [()], ["draft", "self"], "draft:12")] == \
+        ["p=0.3 full layers=12", "p=0.3 full self"]
+    assert [s.name for s in evaluate.settings_grid([0.3], [0], (), [()], ["draft", "self"], "6,self:6")] == \
+        ["p=0.3 full layers=6", "p=0.3 full layers=6 self"]
+    with pytest.raises(SpbuildError, match="not among the run's scorers"):
+        evaluate.settings_grid([0.3], [0], (), [()], ["draft"], "self:4")
+    for bad in ("self:", "self:-1", ":4", "self:x"):
+        with pytest.raises(SpbuildError, match="--layers"):
+            evaluate.with_layers([()], bad)
 
 
 @pytest.mark.parametrize("server_args", ["--port 8080", "-ngl 99 --host 0.0.0.0", "--port=9"])

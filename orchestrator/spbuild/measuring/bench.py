@@ -382,7 +382,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p", default="0.1,0.3", help="fractions kept, comma-separated")
     parser.add_argument("--window", default="0,8192", help="scoring windows, comma-separated (0: the whole prompt)")
     parser.add_argument("--layers", default="0", help="score with the scorer's first K layers, comma-separated counts "
-                        "(0: its default, all layers of a draft)")
+                        "(0: its default, all layers of a draft), each for every scorer or, as SCORER:K, for one (0,self:4)")
     parser.add_argument("--scorers", default="draft", help="what scores: draft (the prefill draft), self (the target's "
                         "own first layers, -mpd self), or both, comma-separated; one server each")
     parser.add_argument("--repeat", type=int, default=3, help="measured runs per setting (median and spread)")
@@ -452,7 +452,8 @@ def measure(args: BenchRequest, bin_dir: Path, target: Path, draft: Path,
     """Run the bench the options describe and write its reports; returns the files written."""
     plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w, variant, scorer)
                                            for scorer in scorers(args.scorers)
-                                           for variant in with_layers([()], args.layers)
+                                           for variant in with_layers([()], args.layers, scorer,
+                                                                      scorers(args.scorers))
                                            for w in windows(args.window) for p in numbers(args.p, float)],
                 args.repeat, args.warmup)
     out_dir: Path = args.out

@@ -19,6 +19,7 @@ from spbuild.measuring.evaluate import (
     SELF,
     VARIANT_FIELDS,
     ServerBackend,
+    Setting,
     ToolBackend,
     case_record,
     names,
@@ -28,7 +29,6 @@ from spbuild.measuring.evaluate import (
     settings_grid,
     variants,
     windows,
-    with_layers,
 )
 from spbuild.measuring.requests import from_options
 from spbuild.measuring.server import refuse_own_address
@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"with FIELD one of {', '.join(VARIANT_FIELDS)}: every p and window again with it")
     parser.add_argument("--layers", default=EvalRequest.layers,
                         help="score with the scorer's first K layers, comma-separated counts "
-                        "(0: its default, all layers of a draft): every setting again with each")
+                        "(0: its default, all layers of a draft), each for every scorer or, as SCORER:K, for one "
+                        "(draft:0,self:4): every setting again with each")
     parser.add_argument("--scorers", default=EvalRequest.scorers,
                         help="what scores: draft (the prefill draft), self (the target's "
                         "own first layers, -mpd self), or both, comma-separated; one server each, the same cases")
@@ -133,8 +134,7 @@ def evaluate(request: EvalRequest, bin_dir: Path,
     source_tree = request.source_tree or (default_source_tree() if set(kinds) & set(tasks.SOURCE_KINDS) else None)
     fillers = names(request.fillers, tasks.FILLERS, "filler")
     lengths, depths = numbers(request.lengths, int), numbers(request.depths, float)
-    settings = settings_grid(numbers(request.p, float), windows(request.window), numbers(request.mass, float),
-                             with_layers(variants(request.vary), request.layers), scorers(request.scorers))
+    settings = settings_of(request)
     if not settings or not lengths or not depths:
         raise SpbuildError("nothing to run: give at least one p (or mass), window, length and depth")
     out_dir: Path = request.out
@@ -179,11 +179,12 @@ def evaluate(request: EvalRequest, bin_dir: Path,
             reports.write(out_dir, "eval", {**meta, "complete": False}, rows, plots=False)
             if shown:
                 shown(row)
+        full_prefills: dict = {}  # one full prefill per case, whichever scorer's server ran it
         for i, scorer in enumerate(used):
             if i > 0:
                 backend.close()
                 backend = backend_for(scorer)
-            run(backend, cases, [s for s in settings if s.scorer == scorer], on_row)
+            run(backend, cases, [s for s in settings if s.scorer == scorer], on_row, full_prefills)
     finally:
         backend.close()
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -203,8 +204,7 @@ def _evaluate_tools(request: EvalRequest, bin_dir: Path, kinds: Sequence[str],
     turns = numbers(request.turns, int)
     if not turns or any(t < 1 for t in turns):
         raise SpbuildError(f"--turns takes request counts of 1 or more, got {request.turns!r}")
-    settings = settings_grid(numbers(request.p, float), windows(request.window), numbers(request.mass, float),
-                             with_layers(variants(request.vary), request.layers), scorers(request.scorers))
+    settings = settings_of(request)
     if len({s.scorer for s in settings}) > 1:
         raise SpbuildError(f"the {TOOLS_KIND} kind takes one scorer per run", hint="pass --scorers draft or self")
     target, draft = models_of(request)
@@ -212,6 +212,12 @@ def _evaluate_tools(request: EvalRequest, bin_dir: Path, kinds: Sequence[str],
     return tool_eval.evaluate(bin_dir, target, scored_by, request.source_tree or default_source_tree(), request.out,
                               numbers(request.lengths, int), numbers(request.depths, float), request.seeds, turns, settings,
                               guards, request.server_args.split(), progress=progress)
+
+
+def settings_of(request: EvalRequest) -> list[Setting]:
+    """The grid of settings the options ask for: p and mass at each window, per variant, layer count and scorer."""
+    return settings_grid(numbers(request.p, float), windows(request.window), numbers(request.mass, float),
+                         variants(request.vary), scorers(request.scorers), request.layers)
 
 
 def models_of(request: EvalRequest) -> tuple[Path, Path]:

@@ -94,26 +94,40 @@ class Setting:
 
 def settings_grid(ps: Iterable[float], windows: Iterable[int], masses: Iterable[float] = (),
                   variants: Iterable[tuple[tuple[str, int], ...]] = ((),),
-                  scorers: Iterable[str] = ("draft",)) -> list[Setting]:
+                  scorers: Iterable[str] = ("draft",), layers: str = "0") -> list[Setting]:
+    """Every p (and mass) at every window, for each variant, layer count (with_layers) and scorer."""
     windows, ps, masses, variants = list(windows), list(ps), list(masses), list(variants)
+    scorers = list(scorers)
     grid = []
     for scorer in scorers:
-        for variant in variants:
+        for variant in with_layers(variants, layers, scorer, scorers):
             grid += [Setting("keep", p, w, variant, scorer) for w in windows for p in ps]
             grid += [Setting("mass", m, w, variant, scorer) for w in windows for m in masses]
     return grid
 
 
-def with_layers(variants: Iterable[tuple[tuple[str, int], ...]], text: str) -> list[tuple[tuple[str, int], ...]]:
-    """--layers: every variant again for each layer count (0: the scorer's default, all layers of a draft), e.g. "0,12,6"
-    compares a draft's whole depth with its first 12 and 6 layers in one run."""
-    try:
-        counts = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        counts = []
-    if not counts or any(k < 0 for k in counts):
-        raise SpbuildError(f"--layers takes layer counts, 0 (the scorer's default) or more, got {text!r}")
-    return [(*v, ("layers", k)) if k else v for k in counts for v in variants]
+def with_layers(variants: Iterable[tuple[tuple[str, int], ...]], text: str, scorer: str = "draft",
+                scorers: Sequence[str] = SCORERS) -> list[tuple[tuple[str, int], ...]]:
+    """--layers: every variant again for each layer count of `scorer` (0: the scorer's default, all layers of a
+    draft). A count applies to every scorer, SCORER:K to that one alone, so that "draft:0,draft:12,self:4" compares a
+    draft's whole depth and first 12 layers with the target's first 4 in one run; a scorer no count names takes 0."""
+    variants = list(variants)
+    counts: list[int] = []
+    for item in (v.strip() for v in text.split(",")):
+        only, _, value = item.rpartition(":")
+        try:
+            k = int(value)
+        except ValueError:
+            k = -1
+        if not item or k < 0 or (":" in item and not only):
+            raise SpbuildError(f"--layers takes layer counts, 0 (the scorer's default) or more, each optionally "
+                               f"SCORER:K, got {text!r}")
+        if only and only not in scorers:
+            raise SpbuildError(f"--layers names scorer {only!r}, which is not among the run's scorers "
+                               f"({', '.join(scorers)})", hint="add it to --scorers, or drop the prefix")
+        if (not only or only == scorer) and k not in counts:
+            counts.append(k)
+    return [(*v, ("layers", k)) if k else v for k in counts or [0] for v in variants]
 
 
 def scorers(text: str) -> list[str]:
@@ -362,9 +376,13 @@ def _ranges(positions: Sequence[int]) -> list[list[int]]:
 
 
 def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Setting],
-        on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every case under every setting; a failure of one request is a row with its error, and the run goes on."""
+        on_row: Callable[[dict], None] | None = None,
+        full_prefills: dict[str, tuple[list[str], Answer]] | None = None) -> list[dict]:
+    """Every case under every setting; a failure of one request is a row with its error, and the run goes on.
+    full_prefills (prompt -> its pieces and full-prefill answer), shared by the servers of one run's scorers: the target's full
+    prefill is the same whatever scores, so each case's is computed once."""
     rows = []
+    full_prefills = {} if full_prefills is None else full_prefills
     for case in cases:
         answers: list[tuple[Setting, Answer | str, float]] = []
         for setting in settings:
@@ -374,8 +392,9 @@ def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Settin
             except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
                 answers.append((setting, str(err), 0.0))
         try:
-            pieces = backend.pieces(case.prompt)
-            full = backend.full(case.prompt)
+            if case.prompt not in full_prefills:
+                full_prefills[case.prompt] = (backend.pieces(case.prompt), backend.full(case.prompt))
+            pieces, full = full_prefills[case.prompt]
         except (SpbuildError, requests.RequestException, subprocess.TimeoutExpired) as err:
             pieces, full = [], Answer("")
             answers = [(setting, f"full prefill: {err}", 0.0) for setting, _, _ in answers]
