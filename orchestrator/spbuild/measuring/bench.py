@@ -36,7 +36,7 @@ import requests
 
 from spbuild.errors import SpbuildError
 from spbuild.measuring import reports
-from spbuild.measuring.evaluate import SELF, Setting, numbers, scorers, status_of_tool, windows, with_layers
+from spbuild.measuring.evaluate import SELF, Setting, numbers, scorers, settings_grid, status_of_tool, windows
 from spbuild.measuring.models import KINDS, SHAPES, make
 from spbuild.measuring.requests import from_options
 from spbuild.measuring.server import ServerProcess, refuse_own_address
@@ -450,11 +450,8 @@ def check_args(args: BenchRequest) -> None:
 def measure(args: BenchRequest, bin_dir: Path, target: Path, draft: Path,
             progress: Callable[[int], Callable[[str], None]] | None = None, describe: dict | None = None) -> list[Path]:
     """Run the bench the options describe and write its reports; returns the files written."""
-    plan = Plan(numbers(args.sizes, int), [Setting("keep", p, w, variant, scorer)
-                                           for scorer in scorers(args.scorers)
-                                           for variant in with_layers([()], args.layers, scorer,
-                                                                      scorers(args.scorers))
-                                           for w in windows(args.window) for p in numbers(args.p, float)],
+    plan = Plan(numbers(args.sizes, int), settings_grid(numbers(args.p, float), windows(args.window),
+                                                        scorers=scorers(args.scorers), layers=args.layers),
                 args.repeat, args.warmup)
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)

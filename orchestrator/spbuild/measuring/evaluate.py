@@ -379,8 +379,8 @@ def run(backend: Backend, cases: Sequence[tasks.Case], settings: Sequence[Settin
         on_row: Callable[[dict], None] | None = None,
         full_prefills: dict[str, tuple[list[str], Answer]] | None = None) -> list[dict]:
     """Every case under every setting; a failure of one request is a row with its error, and the run goes on.
-    full_prefills (prompt -> its pieces and full-prefill answer), shared by the servers of one run's scorers: the target's full
-    prefill is the same whatever scores, so each case's is computed once."""
+    full_prefills (prompt -> its pieces and full-prefill answer) is shared by the servers of one run's scorers: the
+    target's full prefill is the same whatever scores, so each case's is computed once."""
     rows = []
     full_prefills = {} if full_prefills is None else full_prefills
     for case in cases:
