@@ -118,6 +118,19 @@ def test_the_summary_counts_new_invalid_calls_and_ttft_per_turn():
     assert [p["speedup"] for p in s["per_turn"]] == [2.0, 4.0]
 
 
+def test_right_calls_kept_counts_the_full_prefills_right_calls_only():
+    def row(full_right: bool, spec_right: bool, equal: bool) -> dict:
+        return {"setting": "p=0.3 full protect", "turns": 1, "turn": 1, "status": "active", "equal": equal,
+                "full_valid": True, "spec_valid": True, "full_right": full_right, "spec_right": spec_right,
+                "evidence_retained": True, "full_ttft_ms": 100.0, "ttft_ms": 50.0, "case": "c",
+                "full_call": {"name": "f", "arguments": {}, "text": "", "in_text": False},
+                "spec_call": {"name": "f", "arguments": {}, "text": "", "in_text": False}, "protected": []}
+    # a wrong full call that spec prefill got right, a right one it kept in another spelling, a right one it lost
+    [s] = tool_eval.summary([row(False, True, False), row(True, True, False), row(True, False, False)])
+    assert (s["right_kept"], s["equal_calls"], s["spec_right"]) == ("1/2", "0/3", "2/3")
+    assert "| 1/2 |" in tool_eval.markdown({"describe": {}, "complete": True}, [row(True, True, True), row(True, False, False)])
+
+
 @pytest.mark.parametrize("content", [
     '{"name": "record_constant", "arguments": {"name": "X_LIMIT", "value": 4096}}',
     'The call:\n```json\n{"name": "record_constant", "arguments": {"name": "X_LIMIT", "value": 4096}}\n```',

@@ -255,6 +255,9 @@ def summary(rows: list[dict]) -> list[dict]:
                         "full_valid": _share(mine, "full_valid"),
                         "new_invalid": sum(1 for r in mine if r["full_valid"] and not r["spec_valid"]),
                         "spec_right": _share(mine, "spec_right"), "full_right": _share(mine, "full_right"),
+                        # the quality table's "right answers kept", for calls: a fragile caller's wrong calls move
+                        # with any change of context, and spec prefill fixing one counts against "equal"
+                        "right_kept": _share([r for r in mine if r["full_right"]], "spec_right"),
                         "evidence_retained": _share(mine, "evidence_retained"),
                         "full_in_text": sum(1 for r in mine if r["full_call"]["in_text"]), "per_turn": per_turn})
     return out
@@ -264,15 +267,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = ["# spbuild eval: tool calls", "", *(f"- {k}: `{v}`" for k, v in meta["describe"].items()), ""]
     if not meta.get("complete"):
         lines += [f"**Partial: {len(rows)} rows so far (the run is going on, or was cut short).**", ""]
-    lines += ["| setting | turns | requests | equal to full | of the full's calls, equal | valid (full) | new invalid | right (full) | evidence kept "
-              "| full calls in text | TTFT per turn, full -> spec ms (x) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| setting | turns | requests | equal to full | of the full's calls, equal | valid (full) | new invalid | right (full) "
+              "| right calls kept | evidence kept | full calls in text | TTFT per turn, full -> spec ms (x) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary(rows):
         ttft = "; ".join(f"{p['full_ttft_ms']:.0f} -> {p['ttft_ms']:.0f} ({p['speedup']:.2f}x)"
                          if p["speedup"] else "-" for p in s["per_turn"])
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
         lines.append(f"| {s['setting']} | {s['turns']} | {s['calls']}{failed} | {s['equal']} | {s['equal_calls']} | {s['spec_valid']} "
                      f"({s['full_valid']}) | {s['new_invalid']} | {s['spec_right']} ({s['full_right']}) | "
-                     f"{s['evidence_retained']} | {s['full_in_text']} | {ttft} |")
+                     f"{s['right_kept']} | {s['evidence_retained']} | {s['full_in_text']} | {ttft} |")
     changed = [r for r in rows if r["status"] != "failed" and not r["equal"]]
     if changed:
         lines += ["", "## Calls that changed", "", "| case | turn | setting | full | spec | evidence kept | protected |",
