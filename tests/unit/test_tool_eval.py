@@ -105,12 +105,20 @@ def test_calls_compare_by_name_and_arguments_and_grade_against_the_right_one():
                               value)
 
 
+def _summary_row(**fields) -> dict:
+    """A tools eval row with what summary() and markdown() read: one active request of one turn, right and equal."""
+    call = {"name": "f", "arguments": {}, "text": "", "in_text": False}
+    return {"setting": "p=0.3 full protect", "turns": 1, "turn": 1, "status": "active", "equal": True,
+            "full_valid": True, "spec_valid": True, "full_right": True, "spec_right": True, "evidence_retained": True,
+            "full_ttft_ms": 100.0, "ttft_ms": 50.0, "case": "c", "full_call": call, "spec_call": call, "protected": [],
+            **fields}
+
+
 def test_the_summary_counts_new_invalid_calls_and_ttft_per_turn():
     def row(turn: int, equal: bool, full_valid: bool, spec_valid: bool) -> dict:
-        return {"setting": "p=0.3 full protect", "turns": 2, "turn": turn, "status": "active", "equal": equal,
-                "full_valid": full_valid, "spec_valid": spec_valid, "full_right": full_valid, "spec_right": spec_valid,
-                "evidence_retained": True, "full_ttft_ms": 100.0 * turn, "ttft_ms": 50.0,
-                "case": "c", "full_call": {"in_text": turn == 1}, "spec_call": {}, "protected": []}
+        return _summary_row(turns=2, turn=turn, equal=equal, full_valid=full_valid, spec_valid=spec_valid,
+                            full_right=full_valid, spec_right=spec_valid, full_ttft_ms=100.0 * turn,
+                            full_call={"name": "f", "arguments": {}, "text": "", "in_text": turn == 1})
     rows = [row(1, True, True, True), row(2, False, True, False), row(1, False, False, False), row(2, True, True, True)]
     [s] = tool_eval.summary(rows)
     assert (s["calls"], s["equal"], s["new_invalid"], s["spec_valid"]) == (4, "2/4", 1, "2/4") and s["full_in_text"] == 2
@@ -120,11 +128,7 @@ def test_the_summary_counts_new_invalid_calls_and_ttft_per_turn():
 
 def test_right_calls_kept_counts_the_full_prefills_right_calls_only():
     def row(full_right: bool, spec_right: bool, equal: bool) -> dict:
-        return {"setting": "p=0.3 full protect", "turns": 1, "turn": 1, "status": "active", "equal": equal,
-                "full_valid": True, "spec_valid": True, "full_right": full_right, "spec_right": spec_right,
-                "evidence_retained": True, "full_ttft_ms": 100.0, "ttft_ms": 50.0, "case": "c",
-                "full_call": {"name": "f", "arguments": {}, "text": "", "in_text": False},
-                "spec_call": {"name": "f", "arguments": {}, "text": "", "in_text": False}, "protected": []}
+        return _summary_row(full_right=full_right, spec_right=spec_right, equal=equal)
     # a wrong full call that spec prefill got right, a right one it kept in another spelling, a right one it lost
     [s] = tool_eval.summary([row(False, True, False), row(True, True, False), row(True, False, False)])
     assert (s["right_kept"], s["equal_calls"], s["spec_right"]) == ("1/2", "0/3", "2/3")
